@@ -1,0 +1,40 @@
+"""Shared fixtures: the repository root, the demo checkpoint, its tokenizer and SNAC."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from lyre import checkpoint, demo
+from lyre.config import load_config
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_PATH = REPO_ROOT / "config" / "model_config.yaml"
+
+
+@pytest.fixture(scope="session")
+def shipped_config():
+    return load_config(CONFIG_PATH)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(shipped_config) -> Path:
+    """The repository's demo checkpoint (setup.sh prepares it; written here if missing)."""
+    return demo.ensure_demo(REPO_ROOT / shipped_config.model.demo_dir)
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(demo_dir):
+    return checkpoint.load_tokenizer(demo_dir / "llama")
+
+
+@pytest.fixture(scope="session")
+def demo_snac(demo_dir):
+    return checkpoint.load_snac(demo_dir / "snac")
+
+
+@pytest.fixture(autouse=True)
+def _quiet_lyre_logs(caplog):
+    caplog.set_level(logging.INFO, logger="lyre")

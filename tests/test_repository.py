@@ -1,0 +1,54 @@
+"""The repository's contract with a newcomer: README commands, .ci/run, setup.sh's refusals."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+from .conftest import REPO_ROOT
+
+
+def readme_test_command() -> str:
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"Run the tests.*?```bash\n(.*?)\n```", readme, re.S)
+    assert block, "README has no test command block"
+    return block.group(1).strip()
+
+
+def test_ci_runs_the_readme_test_command_verbatim_and_fails_on_no_tests():
+    command = readme_test_command()
+    assert "setup.sh" in command and "pytest" in command
+    ci = (REPO_ROOT / ".ci" / "run").read_text()
+    assert command in ci.splitlines()
+    assert re.search(r'if \[ "\$rc" -eq 5 \]; then.*?exit 1', ci, re.S)
+
+
+def test_setup_refuses_a_missing_or_unsupported_python(tmp_path):
+    missing = subprocess.run(["bash", "setup.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             env={"PATH": "/usr/bin:/bin", "PYTHON": str(tmp_path / "no-python")})
+    assert missing.returncode != 0 and "not found" in missing.stderr
+
+    old = tmp_path / "python3.9"
+    old.write_text("#!/bin/sh\necho 3.9\n")
+    old.chmod(0o755)
+    unsupported = subprocess.run(["bash", "setup.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                 env={"PATH": "/usr/bin:/bin", "PYTHON": str(old)})
+    assert unsupported.returncode != 0
+    assert "Python 3.9 is not supported (3.10-3.12)" in unsupported.stderr
+
+
+def test_generated_artifacts_are_ignored_by_git():
+    ignored = subprocess.run(
+        ["git", "check-ignore", ".venv/x", "models/demo/llama/model.safetensors", "engines/orpheus/rank0.engine",
+         "src/lyre/x_pb2.py"],
+        cwd=REPO_ROOT, capture_output=True, text=True,
+    )
+    assert len(ignored.stdout.split()) == 4
+    kept = subprocess.run(["git", "check-ignore", "engines/README.md"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert kept.stdout == ""
+
+
+def test_code_passes_ruff():
+    lint = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "ruff"), "check", "src", "tests"], cwd=REPO_ROOT,
+                          capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
