@@ -1,0 +1,5 @@
+"""Token engines: the ``TokenEngine`` contract and its backends (PyTorch; TensorRT-LLM later)."""
+
+from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, TokenEngine
+
+__all__ = ["EngineStats", "GenerationRequest", "SamplingParams", "TokenDelta", "TokenEngine"]

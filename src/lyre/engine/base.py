@@ -1,0 +1,110 @@
+"""The ``TokenEngine`` contract shared by every backend (DESIGN.md section 2).
+
+An engine owns the model and its KV cache and is driven by one thread:
+``add(request)`` queues a generation, ``cancel(request_id)`` ends one, and each ``step()`` runs one
+iteration and returns the new token ids per request as :class:`TokenDelta`. A request finishes with
+``finish_reason`` stop | length | cancelled | error, and its slot is free for the next step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from lyre import orpheus
+
+if TYPE_CHECKING:
+    import torch
+
+    from lyre.config import SamplingConfig
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.6  # 0 = greedy
+    top_p: float = 0.8
+    top_k: int = 0  # 0 = off
+    repetition_penalty: float = 1.1  # 1.0 = off
+    repetition_window: int = 64  # most recent generated tokens penalised; 0 = all
+    max_tokens: int = 1200
+    seed: int | None = None  # per request: the same seed gives the same tokens, whatever the batch
+    stop_ids: tuple[int, ...] = orpheus.STOP_IDS
+    constrain_audio: bool = True  # after start-of-speech only codes valid for the frame slot
+
+    @classmethod
+    def from_config(cls, cfg: SamplingConfig, **overrides: Any) -> SamplingParams:
+        base = cls(
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            repetition_penalty=cfg.repetition_penalty,
+            repetition_window=cfg.repetition_window,
+            max_tokens=cfg.max_tokens,
+            seed=cfg.seed,
+            constrain_audio=cfg.constrain_audio,
+        )
+        return replace(base, **overrides)
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first unacceptable field."""
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (self.repetition_window >= 0, "repetition_window must be >= 0"),
+            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(f"{message} (got {self})")
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    priority: int = 0  # higher is served first (new sessions before their first audio)
+    record_logits: bool = False  # debugging/tests: attach each step's logits to the delta
+
+
+@dataclass
+class TokenDelta:
+    request_id: str
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    # With record_logits: one row per token in token_ids. Shape (n, vocab), or (n, 4097) when
+    # constrained: the 4096 codes of the frame slot then end-of-speech (see logits_ids).
+    logits: torch.Tensor | None = None
+    logits_ids: torch.Tensor | None = None  # (n, C) token id of each logits column
+
+
+@dataclass
+class EngineStats:
+    capacity: int  # KV slots
+    active: int  # requests holding a slot
+    waiting: int  # requests queued for a slot
+    prefilling: int  # active requests whose prompt is not fully in the cache yet
+    total_requests: int
+    total_tokens: int  # generated tokens
+    total_steps: int  # forward passes
+    kv_cache_bytes: int
+
+
+class TokenEngine(Protocol):
+    capacity: int
+
+    def add(self, request: GenerationRequest) -> None: ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def step(self) -> list[TokenDelta]: ...
+
+    def has_work(self) -> bool: ...
+
+    def stats(self) -> EngineStats: ...

@@ -1,0 +1,305 @@
+"""The Llama decoder in plain PyTorch, over a static slot KV cache.
+
+Read top-down: ``Llama.forward`` embeds a flat batch of tokens from several sequences (prefill
+chunks and single decode tokens mixed), runs the decoder layers, and returns the final hidden state
+of the tokens that will be sampled; ``Llama.logits`` turns those into logits over the whole
+vocabulary or over one 4096-id band of it (constrained audio decoding computes only those rows of
+``lm_head``).
+
+Every shape comes from the checkpoint's ``config.json`` (:class:`lyre.checkpoint.LlamaConfig`).
+Weight names follow Hugging Face's; q/k/v and gate/up are fused at load time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from lyre.checkpoint import LlamaConfig
+
+# --------------------------------------------------------------------------------------------
+# the model, top-down
+
+
+class Llama(nn.Module):
+    def __init__(self, cfg: LlamaConfig, max_seq_len: int):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        cos, sin = rope_tables(cfg, max_seq_len)
+        self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, head_dim)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head
+
+    def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
+        """Hidden states of ``batch.sample_index`` tokens after the final norm: (N, hidden)."""
+        x = self.embed_tokens(batch.token_ids)  # (T, H)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)  # (T, 1, hd)
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, batch, cache, i)
+        return self.norm(x[batch.sample_index])  # (N, H)
+
+    def logits(self, hidden: torch.Tensor, band_start: int | None = None, band_size: int = 0) -> torch.Tensor:
+        """(N, H) -> (N, vocab) logits, or (N, band_size) for ids band_start..band_start+band_size-1."""
+        w = self.lm_head_weight
+        if band_start is not None:
+            w = w[band_start : band_start + band_size]  # a view: only these rows are computed
+        return (hidden @ w.T).float()
+
+    def logits_of(self, hidden: torch.Tensor, token_id: int) -> torch.Tensor:
+        """(N, H) -> (N,) logit of one id."""
+        return (hidden @ self.lm_head_weight[token_id]).float()
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Attention(nn.Module):
+    """Grouped-query attention; K/V go to the slot cache, queries attend to their slot's history."""
+
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(
+            [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
+        )
+        q = apply_rope(q.view(t, self.n_heads, self.head_dim), cos, sin)  # (T, nh, hd)
+        k = apply_rope(k.view(t, self.n_kv, self.head_dim), cos, sin)  # (T, nkv, hd)
+        cache.write(layer, batch.slots, batch.positions, k, v.view(t, self.n_kv, self.head_dim))
+        out = torch.empty_like(q)  # (T, nh, hd)
+        for g in batch.groups:
+            qg = q[g.q_index].transpose(1, 2)  # (B, Qmax, nh, hd) -> (B, nh, Qmax, hd)
+            kg, vg = cache.read(layer, g.slot_ids, g.kv_len)  # (B, nkv, S, hd)
+            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=self.n_kv != self.n_heads)
+            out[g.token_index] = og.transpose(1, 2)[g.q_valid]  # (n, nh, hd)
+        return self.o_proj(out.view(t, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
+        return self.down_proj(F.silu(gate) * up)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# rotary position embedding
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """Inverse frequencies (head_dim/2,), with Llama 3's wavelength-dependent scaling when configured."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    scaling = cfg.rope_scaling or {}
+    if scaling.get("rope_type", scaling.get("type")) != "llama3":
+        return inv_freq
+    factor = float(scaling["factor"])
+    low, high = float(scaling.get("low_freq_factor", 1.0)), float(scaling.get("high_freq_factor", 4.0))
+    old_len = float(scaling.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (low frequencies) are slowed by `factor`, short ones kept, and the band
+    # between them interpolated smoothly.
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    interpolated = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(medium, interpolated, scaled)
+
+
+def rope_tables(cfg: LlamaConfig, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position: (max_seq_len, head_dim) each, float32."""
+    inv_freq = rope_inv_freq(cfg)
+    freqs = torch.outer(torch.arange(max_seq_len, dtype=torch.float32), inv_freq)  # (S, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (S, hd)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (T, heads, hd) rotated by position; cos/sin (T, 1, hd)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache and the layout of one forward
+
+
+class KVCache:
+    """K and V for ``slots`` sequences of up to ``max_seq_len`` tokens, allocated once.
+
+    Layout (layers, slots, kv_heads, max_seq_len, head_dim). Written only through :meth:`write`.
+    """
+
+    def __init__(self, cfg: LlamaConfig, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device):
+        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.slots, self.max_seq_len = slots, max_seq_len
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store k, v (T, kv_heads, hd) of tokens at (slots[i], positions[i])."""
+        self.k[layer][slots, :, positions] = k.to(self.k.dtype)
+        self.v[layer][slots, :, positions] = v.to(self.v.dtype)
+
+    def read(self, layer: int, slot_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``length`` positions of each slot: (B, kv_heads, length, hd) each.
+
+        The gather is bounded by max_batch_size x max_seq_len; the cache itself never grows.
+        """
+        return self.k[layer][slot_ids, :, :length], self.v[layer][slot_ids, :, :length]
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences attended together: B sequences, up to Qmax new tokens each, S cached positions."""
+
+    slot_ids: torch.Tensor  # (B,)
+    q_index: torch.Tensor  # (B, Qmax) flat token index of each query (padding repeats a valid one)
+    q_valid: torch.Tensor  # (B, Qmax) bool
+    token_index: torch.Tensor  # (n,) flat indices of the valid queries, in q_valid's row-major order
+    mask: torch.Tensor  # (B, 1, Qmax, S) bool: key position <= query position within the slot
+    kv_len: int  # S
+
+
+@dataclass
+class ForwardBatch:
+    token_ids: torch.Tensor  # (T,)
+    positions: torch.Tensor  # (T,)
+    slots: torch.Tensor  # (T,)
+    groups: list[AttentionGroup]
+    sample_index: torch.Tensor  # (N,) flat indices of the tokens whose next token is sampled
+
+    @classmethod
+    def build(
+        cls, seqs: list[tuple[int, int, list[int], bool]], device: torch.device
+    ) -> ForwardBatch:
+        """``seqs``: (slot, start position, new token ids, sample after the last one) per sequence.
+
+        Single-token sequences (decode) and longer ones (prefill chunks) form separate attention
+        groups so decode never pays for prefill padding.
+        """
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample: list[int] = []
+        spans: list[tuple[int, int, int, int]] = []  # (slot, start, flat offset, length)
+        for slot, start, ids, do_sample in seqs:
+            offset = len(token_ids)
+            token_ids += ids
+            positions += range(start, start + len(ids))
+            slots += [slot] * len(ids)
+            spans.append((slot, start, offset, len(ids)))
+            if do_sample:
+                sample.append(offset + len(ids) - 1)
+        groups = [
+            _group([s for s in spans if (s[3] == 1) == decode], device)
+            for decode in (True, False)
+            if any((s[3] == 1) == decode for s in spans)
+        ]
+
+        def as_tensor(x: list[int]) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.long, device=device)
+
+        return cls(as_tensor(token_ids), as_tensor(positions), as_tensor(slots), groups, as_tensor(sample))
+
+
+def _group(spans: list[tuple[int, int, int, int]], device: torch.device) -> AttentionGroup:
+    q_max = max(n for _, _, _, n in spans)
+    kv_len = max(start + n for _, start, _, n in spans)
+    j = torch.arange(q_max)
+    starts = torch.tensor([start for _, start, _, _ in spans])
+    lengths = torch.tensor([n for _, _, _, n in spans])
+    offsets = torch.tensor([off for _, _, off, _ in spans])
+    q_valid = j[None, :] < lengths[:, None]  # (B, Qmax)
+    q_index = offsets[:, None] + torch.minimum(j[None, :], lengths[:, None] - 1)  # (B, Qmax)
+    q_pos = starts[:, None] + j[None, :]  # (B, Qmax)
+    key_pos = torch.arange(kv_len)
+    mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < (starts + lengths)[:, None, None])
+    return AttentionGroup(
+        slot_ids=torch.tensor([slot for slot, _, _, _ in spans], device=device),
+        q_index=q_index.to(device),
+        q_valid=q_valid.to(device),
+        token_index=q_index[q_valid].to(device),
+        mask=mask.unsqueeze(1).to(device),  # (B, 1, Qmax, S)
+        kv_len=kv_len,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+def load_llama(
+    cfg: LlamaConfig, weights: dict[str, torch.Tensor], max_seq_len: int, dtype: torch.dtype, device: torch.device
+) -> Llama:
+    """Build the model and copy Hugging Face-named ``weights`` in, fusing q/k/v and gate/up."""
+    with torch.device("meta"):
+        model = Llama(cfg, max_seq_len)
+    model = model.to_empty(device=device).to(dtype)
+    state = {"embed_tokens.weight": weights["model.embed_tokens.weight"], "norm.weight": weights["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        state["lm_head"] = weights["lm_head.weight"]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        q = f"layers.{i}."
+        state[q + "input_layernorm.weight"] = weights[p + "input_layernorm.weight"]
+        state[q + "post_attention_layernorm.weight"] = weights[p + "post_attention_layernorm.weight"]
+        state[q + "self_attn.qkv_proj.weight"] = torch.cat(
+            [weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0
+        )
+        state[q + "self_attn.o_proj.weight"] = weights[p + "self_attn.o_proj.weight"]
+        state[q + "mlp.gate_up_proj.weight"] = torch.cat(
+            [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]], dim=0
+        )
+        state[q + "mlp.down_proj.weight"] = weights[p + "mlp.down_proj.weight"]
+    model.load_state_dict(state, strict=True)  # copies, casting to the model's dtype
+    cos, sin = rope_tables(cfg, max_seq_len)  # float32 always; buffers do not survive to_empty
+    model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
+    return model.eval().requires_grad_(False)

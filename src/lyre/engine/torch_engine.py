@@ -1,0 +1,399 @@
+"""In-flight batching over pre-allocated KV slots, in PyTorch.
+
+``TorchEngine.step()`` reads as schedule -> run -> postprocess:
+
+- schedule: free the slots of cancelled requests, give free slots to waiting requests (priority
+  first), ask the batch policy which decoding requests run, and fill the prefill budget
+  (``max_prefill_tokens``) with prompt chunks of requests still prefilling;
+- run: one forward over all of it (decode tokens and prompt chunks together), logits only for the
+  rows that sample, batched sampling;
+- postprocess: record tokens, finish on stop ids / max_tokens / a full slot, free those slots.
+
+With ``constrain_audio``, once a request is past start-of-speech only the 4096 ids of its current
+frame slot (plus end-of-speech at frame boundaries) can be sampled, and only those rows of
+``lm_head`` are computed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from lyre import checkpoint, orpheus
+from lyre.config import LyreConfig
+from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta
+from lyre.engine.llama import ForwardBatch, KVCache, Llama, load_llama
+from lyre.engine.sampling import SamplingBatch, apply_repetition_penalty, sample
+
+log = logging.getLogger("lyre.engine")
+
+BAND = orpheus.CODEBOOK_SIZE  # ids per frame slot
+CONSTRAINED_COLS = BAND + 1  # the slot's 4096 codes, then end-of-speech
+
+
+@dataclass(frozen=True)
+class TorchEngineConfig:
+    slots: int = 32  # KV cache slots (scheduler.max_concurrent_sessions)
+    max_batch_size: int = 16  # decoding requests per forward
+    max_seq_len: int = 4096  # tokens per slot
+    max_prefill_tokens: int = 512  # prompt tokens per forward
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32  # weights and activations
+    kv_dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def from_config(cls, cfg: LyreConfig) -> TorchEngineConfig:
+        device = cfg.model.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_gpu = device == "cuda"
+
+        def pick(name: str) -> torch.dtype:
+            if name == "auto":
+                return torch.float16 if on_gpu else torch.float32
+            return getattr(torch, name)
+
+        return cls(
+            slots=cfg.scheduler.max_concurrent_sessions,
+            max_batch_size=cfg.scheduler.max_batch_size,
+            max_seq_len=cfg.kv_cache.max_seq_len,
+            max_prefill_tokens=cfg.scheduler.max_prefill_tokens,
+            device=device,
+            dtype=pick(cfg.model.dtype),
+            kv_dtype=pick(cfg.kv_cache.dtype),
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# per-request state and the batch policy
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The engine's state of one admitted request (owned by the engine thread)."""
+
+    request: GenerationRequest
+    order: int  # admission order, for FIFO choices
+    generator: torch.Generator
+    slot: int = -1
+    num_cached: int = 0  # tokens whose K/V are in the slot
+    num_generated: int = 0
+    audio_k: int | None = None  # index of the next audio token; None before start-of-speech
+    next_input: int = -1  # token to feed at the next decode step
+    cancelled: bool = False
+    generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_cached < self.prompt_len
+
+    @property
+    def constrained(self) -> bool:
+        return self.params.constrain_audio and self.audio_k is not None
+
+
+class BatchPolicy(Protocol):
+    def choose(self, ready: list[Sequence], limit: int) -> list[Sequence]:
+        """Which of the ``ready`` decoding sequences run this step (at most ``limit``)."""
+        ...
+
+
+class FifoPolicy:
+    """The earliest admitted sequences first."""
+
+    def choose(self, ready: list[Sequence], limit: int) -> list[Sequence]:
+        return sorted(ready, key=lambda s: s.order)[:limit]
+
+
+# --------------------------------------------------------------------------------------------
+# the engine
+
+
+class TorchEngine:
+    def __init__(
+        self,
+        model: Llama,
+        config: TorchEngineConfig,
+        policy: BatchPolicy | None = None,
+    ):
+        self.model = model
+        self.cfg = config
+        self.device = torch.device(config.device)
+        self.policy = policy or FifoPolicy()
+        self.capacity = config.slots
+        mc = model.cfg
+        self.cache = KVCache(mc, config.slots, config.max_seq_len, config.kv_dtype, self.device)
+        log.info(
+            "KV cache: %d slots x %d layers x 2 x %d kv heads x %d head dim x %d tokens x %d bytes = %.2f GiB",
+            config.slots, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.max_seq_len,
+            self.cache.k.element_size(), self.cache.nbytes / 2**30,
+        )
+        self._free_slots = list(range(config.slots))  # a heap: lowest slot first
+        self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (-priority, order, seq)
+        self._active: dict[int, Sequence] = {}  # slot -> sequence
+        self._by_id: dict[str, Sequence] = {}
+        self._cancel_waiting: list[Sequence] = []
+        self._order = itertools.count()
+        self.total_requests = self.total_tokens = self.total_steps = 0
+
+    @classmethod
+    def from_checkpoint(
+        cls, model_dir, config: TorchEngineConfig, policy: BatchPolicy | None = None
+    ) -> TorchEngine:
+        llama_cfg = checkpoint.read_llama_config(model_dir)
+        weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
+        model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
+        return cls(model, config, policy)
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue ``request``; it takes a slot at the next step with one free. Raises ValueError
+        for a request that can never run (bad ids, prompt too long, duplicate id)."""
+        if request.request_id in self._by_id:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        ids = request.prompt_ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        vocab = self.model.cfg.vocab_size
+        bad = next((i for i in ids if not 0 <= i < vocab), None)
+        if bad is not None:
+            raise ValueError(f"prompt id {bad} is outside the model's vocabulary (0..{vocab - 1})")
+        if len(ids) >= self.cfg.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; a slot holds {self.cfg.max_seq_len} (kv_cache.max_seq_len), "
+                f"leaving no room to generate"
+            )
+        request.sampling.validate()
+        seed = request.sampling.seed
+        generator = torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63))
+        seq = Sequence(request=request, order=next(self._order), generator=generator)
+        if ids[-1] == orpheus.START_OF_SPEECH:
+            seq.audio_k = 0
+        self._by_id[request.request_id] = seq
+        heapq.heappush(self._waiting, (-request.priority, seq.order, seq))
+        self.total_requests += 1
+
+    def cancel(self, request_id: str) -> None:
+        """End a request; its slot is free at the next step. Unknown ids are ignored."""
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            seq.cancelled = True
+
+    def has_work(self) -> bool:
+        return bool(self._by_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            capacity=self.capacity,
+            active=len(self._active),
+            waiting=len(self._waiting),
+            prefilling=sum(s.prefilling for s in self._active.values()),
+            total_requests=self.total_requests,
+            total_tokens=self.total_tokens,
+            total_steps=self.total_steps,
+            kv_cache_bytes=self.cache.nbytes,
+        )
+
+    @torch.inference_mode()
+    def step(self) -> list[TokenDelta]:
+        deltas = self._reap_cancelled()
+        self._admit()
+        decode, prefill = self._schedule()
+        if not decode and not prefill:
+            return deltas
+        try:
+            batch, samplers = self._build(decode, prefill)
+            hidden = self.model(batch, self.cache)  # (N, H): one row per sampling sequence
+            tokens, logits, logit_ids = self._sample(samplers, hidden)
+        except Exception as e:  # one bad step fails its own requests, not the engine
+            log.exception("engine step failed")
+            return deltas + [self._finish(s, "error", error=f"{type(e).__name__}: {e}") for s in decode + [p for p, _ in prefill]]
+        self.total_steps += 1
+        return deltas + self._postprocess(samplers, tokens, logits, logit_ids)
+
+    # --- schedule -------------------------------------------------------------------------------
+
+    def _reap_cancelled(self) -> list[TokenDelta]:
+        deltas = [self._finish(s, "cancelled") for s in list(self._active.values()) if s.cancelled]
+        if any(s.cancelled for _, _, s in self._waiting):
+            keep = [(p, o, s) for p, o, s in self._waiting if not s.cancelled]
+            deltas += [self._finish(s, "cancelled") for _, _, s in self._waiting if s.cancelled]
+            self._waiting = keep
+            heapq.heapify(self._waiting)
+        return deltas
+
+    def _admit(self) -> None:
+        while self._waiting and self._free_slots:
+            _, _, seq = heapq.heappop(self._waiting)
+            seq.slot = heapq.heappop(self._free_slots)
+            self._active[seq.slot] = seq
+
+    def _schedule(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+        """Decoding sequences chosen by the policy, and (sequence, chunk length) prompt chunks."""
+        ready = [s for s in self._active.values() if not s.prefilling]
+        decode = self.policy.choose(ready, self.cfg.max_batch_size) if ready else []
+        budget = self.cfg.max_prefill_tokens
+        prefill = []
+        waiting_prompts = sorted(
+            (s for s in self._active.values() if s.prefilling), key=lambda s: (-s.request.priority, s.order)
+        )
+        for seq in waiting_prompts:
+            if budget <= 0:
+                break
+            n = min(budget, seq.prompt_len - seq.num_cached)
+            prefill.append((seq, n))
+            budget -= n
+        return decode, prefill
+
+    # --- run ------------------------------------------------------------------------------------
+
+    def _build(
+        self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]
+    ) -> tuple[ForwardBatch, list[Sequence]]:
+        seqs = [(s.slot, s.num_cached, [s.next_input], True) for s in decode]
+        samplers = list(decode)
+        for s, n in prefill:
+            done = s.num_cached + n == s.prompt_len
+            seqs.append((s.slot, s.num_cached, s.request.prompt_ids[s.num_cached : s.num_cached + n], done))
+            if done:
+                samplers.append(s)
+        for s in decode:
+            s.num_cached += 1
+        for s, n in prefill:
+            s.num_cached += n
+        return ForwardBatch.build(seqs, self.device), samplers
+
+    def _sample(
+        self, seqs: list[Sequence], hidden: torch.Tensor
+    ) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """One token per sequence: constrained rows and full-vocabulary rows sampled as two batches."""
+        tokens: list[int] = [0] * len(seqs)
+        logits_out: list[torch.Tensor | None] = [None] * len(seqs)
+        ids_out: list[torch.Tensor | None] = [None] * len(seqs)
+        constrained = [i for i, s in enumerate(seqs) if s.constrained]
+        full = [i for i, s in enumerate(seqs) if not s.constrained]
+        if constrained:
+            rows = torch.tensor(constrained, device=self.device)
+            logits, col_ids = self._constrained_logits([seqs[i] for i in constrained], hidden[rows])
+            self._sample_rows([seqs[i] for i in constrained], constrained, logits, col_ids, tokens, logits_out, ids_out)
+        if full:
+            rows = torch.tensor(full, device=self.device)
+            logits = self.model.logits(hidden[rows])  # (n, V)
+            col_ids = torch.arange(logits.shape[1], device=self.device).expand(len(full), -1)
+            self._sample_rows([seqs[i] for i in full], full, logits, col_ids, tokens, logits_out, ids_out)
+        return tokens, logits_out, ids_out
+
+    def _constrained_logits(self, seqs: list[Sequence], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(n, 4097) logits: the 4096 codes of each row's frame slot, then end-of-speech (masked
+        to -inf except at frame boundaries); and (n, 4097) the token id of each column."""
+        n = len(seqs)
+        frame_slot = torch.tensor([s.audio_k % orpheus.FRAME_TOKENS for s in seqs], device=self.device)
+        logits = torch.empty(n, CONSTRAINED_COLS, device=self.device)
+        for slot in frame_slot.unique().tolist():
+            rows = (frame_slot == slot).nonzero().squeeze(1)
+            logits[rows, :BAND] = self.model.logits(hidden[rows], orpheus.AUDIO_TOKEN_OFFSET + slot * BAND, BAND)
+        eos = self.model.logits_of(hidden, orpheus.END_OF_SPEECH)  # (n,)
+        logits[:, BAND] = torch.where(frame_slot == 0, eos, torch.full_like(eos, float("-inf")))
+        band_start = orpheus.AUDIO_TOKEN_OFFSET + frame_slot * BAND  # (n,)
+        col_ids = band_start[:, None] + torch.arange(CONSTRAINED_COLS, device=self.device)[None, :]
+        col_ids[:, BAND] = orpheus.END_OF_SPEECH
+        return logits, col_ids
+
+    def _sample_rows(self, seqs, positions, logits, col_ids, tokens, logits_out, ids_out) -> None:
+        raw = logits
+        history = self._history_cols(seqs, col_ids)  # (n, W)
+        params = SamplingBatch(
+            temperature=self._vec([s.params.temperature for s in seqs]),
+            top_k=torch.tensor([s.params.top_k for s in seqs], device=self.device),
+            top_p=self._vec([s.params.top_p for s in seqs]),
+            repetition_penalty=self._vec([s.params.repetition_penalty for s in seqs]),
+            uniform=torch.cat([torch.rand(1, generator=s.generator) for s in seqs]).to(self.device),
+        )
+        logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
+        cols = sample(logits, params)
+        chosen = col_ids.gather(1, cols[:, None]).squeeze(1).tolist()
+        for j, (i, s) in enumerate(zip(positions, seqs)):
+            tokens[i] = chosen[j]
+            if s.request.record_logits:
+                logits_out[i] = raw[j].clone()
+                ids_out[i] = col_ids[j].clone()
+
+    def _history_cols(self, seqs: list[Sequence], col_ids: torch.Tensor) -> torch.Tensor:
+        """(n, W) column index of each recently generated token in its row's columns; -1 if none."""
+        width = max((len(s.generated_window) for s in seqs), default=0)
+        if width == 0:
+            return torch.empty(len(seqs), 0, dtype=torch.long, device=self.device)
+        hist = torch.full((len(seqs), width), -1, dtype=torch.long)
+        for i, s in enumerate(seqs):
+            if s.generated_window:
+                hist[i, : len(s.generated_window)] = torch.tensor(list(s.generated_window))
+        hist = hist.to(self.device)
+        first = col_ids[:, :1]  # columns are contiguous ids from `first`, except end-of-speech
+        cols = hist - first
+        in_band = (cols >= 0) & (cols < col_ids.shape[1]) & (hist >= 0)
+        if col_ids.shape[1] == CONSTRAINED_COLS:
+            in_band &= cols < BAND
+            cols = torch.where(hist == orpheus.END_OF_SPEECH, BAND, cols)
+            in_band |= hist == orpheus.END_OF_SPEECH
+        return torch.where(in_band, cols, -1)
+
+    def _vec(self, values: list[float]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=self.device)
+
+    # --- postprocess ----------------------------------------------------------------------------
+
+    def _postprocess(self, seqs, tokens, logits, logit_ids) -> list[TokenDelta]:
+        deltas = []
+        for s, tok, lg, ids in zip(seqs, tokens, logits, logit_ids):
+            s.num_generated += 1
+            s.next_input = tok
+            self.total_tokens += 1
+            p = s.params
+            if p.repetition_penalty != 1.0:
+                s.generated_window.append(tok)
+                if p.repetition_window and len(s.generated_window) > p.repetition_window:
+                    s.generated_window.popleft()
+            if s.audio_k is not None and orpheus.is_audio_id(tok):
+                s.audio_k += 1
+            elif s.audio_k is None and tok == orpheus.START_OF_SPEECH:
+                s.audio_k = 0
+            reason = None
+            if tok in p.stop_ids:
+                reason = "stop"
+            elif s.num_generated >= p.max_tokens or s.num_cached >= self.cfg.max_seq_len:
+                reason = "length"
+            delta = TokenDelta(s.request.request_id, [tok])
+            if lg is not None:
+                delta.logits, delta.logits_ids = lg[None], ids[None]
+            if reason is not None:
+                self._release(s)
+                delta.finished, delta.finish_reason = True, reason
+            deltas.append(delta)
+        return deltas
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> TokenDelta:
+        self._release(seq)
+        return TokenDelta(seq.request.request_id, [], finished=True, finish_reason=reason, error=error)
+
+    def _release(self, seq: Sequence) -> None:
+        self._by_id.pop(seq.request.request_id, None)
+        if seq.slot >= 0 and self._active.get(seq.slot) is seq:
+            del self._active[seq.slot]
+            heapq.heappush(self._free_slots, seq.slot)
+        seq.slot = -1
