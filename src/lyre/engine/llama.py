@@ -86,16 +86,14 @@ class Attention(nn.Module):
 
     def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int) -> torch.Tensor:
         t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(
-            [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim], dim=-1
-        )
-        q = apply_rope(q.view(t, self.n_heads, self.head_dim), cos, sin)  # (T, nh, hd)
-        k = apply_rope(k.view(t, self.n_kv, self.head_dim), cos, sin)  # (T, nkv, hd)
-        cache.write(layer, batch.slots, batch.positions, k, v.view(t, self.n_kv, self.head_dim))
+        qkv = self.qkv_proj(x).view(t, self.n_heads + 2 * self.n_kv, self.head_dim)  # (T, nh+2nkv, hd)
+        qk = apply_rope(qkv[:, : self.n_heads + self.n_kv], cos, sin)  # q and k heads rotated together
+        q, k = qk.split([self.n_heads, self.n_kv], dim=1)  # (T, nh, hd), (T, nkv, hd)
+        cache.write(layer, batch.slots, batch.positions, k, qkv[:, self.n_heads + self.n_kv :])
         out = torch.empty_like(q)  # (T, nh, hd)
         for g in batch.groups:
             qg = q[g.q_index].transpose(1, 2)  # (B, Qmax, nh, hd) -> (B, nh, Qmax, hd)
-            kg, vg = cache.read(layer, g.slot_ids, g.kv_len)  # (B, nkv, S, hd)
+            kg, vg = cache.read(layer, g.slot_ids, g.kv_len, g.slot_range)  # (B, nkv, S, hd)
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=self.n_kv != self.n_heads)
             out[g.token_index] = og.transpose(1, 2)[g.q_valid]  # (n, nh, hd)
         return self.o_proj(out.view(t, self.n_heads * self.head_dim))
@@ -119,9 +117,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        # normalised in float32, scaled in the model dtype (as Hugging Face's LlamaRMSNorm)
+        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -188,11 +185,18 @@ class KVCache:
         self.k[layer][slots, :, positions] = k.to(self.k.dtype)
         self.v[layer][slots, :, positions] = v.to(self.v.dtype)
 
-    def read(self, layer: int, slot_ids: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(
+        self, layer: int, slot_ids: torch.Tensor, length: int, slot_range: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``length`` positions of each slot: (B, kv_heads, length, hd) each.
 
-        The gather is bounded by max_batch_size x max_seq_len; the cache itself never grows.
+        A contiguous ``slot_range`` (the common case: the pool hands out the lowest slot first) is
+        read as a view; other batches gather a copy bounded by max_batch_size x max_seq_len.
+        The cache itself never grows.
         """
+        if slot_range is not None:
+            a, b = slot_range
+            return self.k[layer][a:b, :, :length], self.v[layer][a:b, :, :length]
         return self.k[layer][slot_ids, :, :length], self.v[layer][slot_ids, :, :length]
 
 
@@ -206,6 +210,7 @@ class AttentionGroup:
     token_index: torch.Tensor  # (n,) flat indices of the valid queries, in q_valid's row-major order
     mask: torch.Tensor  # (B, 1, Qmax, S) bool: key position <= query position within the slot
     kv_len: int  # S
+    slot_range: tuple[int, int] | None  # (first, last + 1) when slot_ids are consecutive ascending
 
 
 @dataclass
@@ -260,15 +265,18 @@ def _group(spans: list[tuple[int, int, int, int]], device: torch.device) -> Atte
     q_valid = j[None, :] < lengths[:, None]  # (B, Qmax)
     q_index = offsets[:, None] + torch.minimum(j[None, :], lengths[:, None] - 1)  # (B, Qmax)
     q_pos = starts[:, None] + j[None, :]  # (B, Qmax)
+    slot_list = [slot for slot, _, _, _ in spans]
+    consecutive = slot_list == list(range(slot_list[0], slot_list[0] + len(slot_list)))
     key_pos = torch.arange(kv_len)
     mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < (starts + lengths)[:, None, None])
     return AttentionGroup(
-        slot_ids=torch.tensor([slot for slot, _, _, _ in spans], device=device),
+        slot_ids=torch.tensor(slot_list, device=device),
         q_index=q_index.to(device),
         q_valid=q_valid.to(device),
         token_index=q_index[q_valid].to(device),
         mask=mask.unsqueeze(1).to(device),  # (B, 1, Qmax, S)
         kv_len=kv_len,
+        slot_range=(slot_list[0], slot_list[-1] + 1) if consecutive else None,
     )
 
 

@@ -288,70 +288,74 @@ class TorchEngine:
         ids_out: list[torch.Tensor | None] = [None] * len(seqs)
         constrained = [i for i, s in enumerate(seqs) if s.constrained]
         full = [i for i, s in enumerate(seqs) if not s.constrained]
-        if constrained:
-            rows = torch.tensor(constrained, device=self.device)
-            logits, col_ids = self._constrained_logits([seqs[i] for i in constrained], hidden[rows])
-            self._sample_rows([seqs[i] for i in constrained], constrained, logits, col_ids, tokens, logits_out, ids_out)
-        if full:
-            rows = torch.tensor(full, device=self.device)
-            logits = self.model.logits(hidden[rows])  # (n, V)
-            col_ids = torch.arange(logits.shape[1], device=self.device).expand(len(full), -1)
-            self._sample_rows([seqs[i] for i in full], full, logits, col_ids, tokens, logits_out, ids_out)
+        for rows, is_constrained in ((constrained, True), (full, False)):
+            if not rows:
+                continue
+            group = [seqs[i] for i in rows]
+            h = hidden[torch.tensor(rows, device=self.device)]
+            if is_constrained:
+                frame_slot = torch.tensor([s.audio_k % orpheus.FRAME_TOKENS for s in group], device=self.device)
+                logits = self._constrained_logits(frame_slot, h)  # (n, 4097)
+                first_id = orpheus.AUDIO_TOKEN_OFFSET + frame_slot * BAND  # (n,) id of column 0
+            else:
+                logits = self.model.logits(h)  # (n, V)
+                first_id = torch.zeros(len(rows), dtype=torch.long, device=self.device)
+            cols = self._sample_rows(group, logits, first_id, is_constrained)
+            chosen = self._col_ids(cols[:, None], first_id, is_constrained).squeeze(1).tolist()
+            for j, (i, s) in enumerate(zip(rows, group)):
+                tokens[i] = chosen[j]
+                if s.request.record_logits:
+                    every_col = torch.arange(logits.shape[1], device=self.device)[None, :]
+                    logits_out[i] = logits[j].clone()
+                    ids_out[i] = self._col_ids(every_col, first_id[j : j + 1], is_constrained)[0]
         return tokens, logits_out, ids_out
 
-    def _constrained_logits(self, seqs: list[Sequence], hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(n, 4097) logits: the 4096 codes of each row's frame slot, then end-of-speech (masked
-        to -inf except at frame boundaries); and (n, 4097) the token id of each column."""
-        n = len(seqs)
-        frame_slot = torch.tensor([s.audio_k % orpheus.FRAME_TOKENS for s in seqs], device=self.device)
-        logits = torch.empty(n, CONSTRAINED_COLS, device=self.device)
+    def _constrained_logits(self, frame_slot: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        """(n, 4097) logits: the 4096 codes of each row's frame slot (only those rows of lm_head
+        are computed), then end-of-speech, masked to -inf except at frame boundaries."""
+        logits = torch.empty(len(frame_slot), CONSTRAINED_COLS, device=self.device)
         for slot in frame_slot.unique().tolist():
             rows = (frame_slot == slot).nonzero().squeeze(1)
             logits[rows, :BAND] = self.model.logits(hidden[rows], orpheus.AUDIO_TOKEN_OFFSET + slot * BAND, BAND)
         eos = self.model.logits_of(hidden, orpheus.END_OF_SPEECH)  # (n,)
-        logits[:, BAND] = torch.where(frame_slot == 0, eos, torch.full_like(eos, float("-inf")))
-        band_start = orpheus.AUDIO_TOKEN_OFFSET + frame_slot * BAND  # (n,)
-        col_ids = band_start[:, None] + torch.arange(CONSTRAINED_COLS, device=self.device)[None, :]
-        col_ids[:, BAND] = orpheus.END_OF_SPEECH
-        return logits, col_ids
+        logits[:, BAND] = eos.masked_fill(frame_slot != 0, float("-inf"))
+        return logits
 
-    def _sample_rows(self, seqs, positions, logits, col_ids, tokens, logits_out, ids_out) -> None:
-        raw = logits
-        history = self._history_cols(seqs, col_ids)  # (n, W)
+    @staticmethod
+    def _col_ids(cols: torch.Tensor, first_id: torch.Tensor, constrained: bool) -> torch.Tensor:
+        """Token id of logits columns ``cols`` (n, k): ``first_id + col``, and end-of-speech for the
+        last column of constrained rows."""
+        ids = first_id[:, None] + cols
+        if constrained:
+            ids = torch.where(cols == BAND, orpheus.END_OF_SPEECH, ids)
+        return ids
+
+    def _sample_rows(
+        self, seqs: list[Sequence], logits: torch.Tensor, first_id: torch.Tensor, constrained: bool
+    ) -> torch.Tensor:
+        """Chosen column per row: repetition penalty, then temperature / top-k / top-p sampling."""
+        penalty = self._vec([s.params.repetition_penalty for s in seqs])
+        logits = apply_repetition_penalty(logits, self._history_cols(seqs, first_id, constrained), penalty)
         params = SamplingBatch(
             temperature=self._vec([s.params.temperature for s in seqs]),
             top_k=torch.tensor([s.params.top_k for s in seqs], device=self.device),
             top_p=self._vec([s.params.top_p for s in seqs]),
-            repetition_penalty=self._vec([s.params.repetition_penalty for s in seqs]),
-            uniform=torch.cat([torch.rand(1, generator=s.generator) for s in seqs]).to(self.device),
+            generators=[s.generator for s in seqs],
         )
-        logits = apply_repetition_penalty(logits, history, params.repetition_penalty)
-        cols = sample(logits, params)
-        chosen = col_ids.gather(1, cols[:, None]).squeeze(1).tolist()
-        for j, (i, s) in enumerate(zip(positions, seqs)):
-            tokens[i] = chosen[j]
-            if s.request.record_logits:
-                logits_out[i] = raw[j].clone()
-                ids_out[i] = col_ids[j].clone()
+        return sample(logits, params)
 
-    def _history_cols(self, seqs: list[Sequence], col_ids: torch.Tensor) -> torch.Tensor:
-        """(n, W) column index of each recently generated token in its row's columns; -1 if none."""
-        width = max((len(s.generated_window) for s in seqs), default=0)
+    def _history_cols(self, seqs: list[Sequence], first_id: torch.Tensor, constrained: bool) -> torch.Tensor:
+        """(n, W) logits column of each recently generated token of each row; -1 where it has none."""
+        width = max(len(s.generated_window) for s in seqs)
         if width == 0:
             return torch.empty(len(seqs), 0, dtype=torch.long, device=self.device)
-        hist = torch.full((len(seqs), width), -1, dtype=torch.long)
-        for i, s in enumerate(seqs):
-            if s.generated_window:
-                hist[i, : len(s.generated_window)] = torch.tensor(list(s.generated_window))
-        hist = hist.to(self.device)
-        first = col_ids[:, :1]  # columns are contiguous ids from `first`, except end-of-speech
-        cols = hist - first
-        in_band = (cols >= 0) & (cols < col_ids.shape[1]) & (hist >= 0)
-        if col_ids.shape[1] == CONSTRAINED_COLS:
-            in_band &= cols < BAND
-            cols = torch.where(hist == orpheus.END_OF_SPEECH, BAND, cols)
-            in_band |= hist == orpheus.END_OF_SPEECH
-        return torch.where(in_band, cols, -1)
+        hist = torch.tensor([[*s.generated_window] + [-1] * (width - len(s.generated_window)) for s in seqs],
+                            device=self.device)  # (n, W) token ids
+        cols = hist - first_id[:, None]
+        if not constrained:
+            return torch.where(hist >= 0, cols, -1)
+        cols = torch.where((cols >= 0) & (cols < BAND), cols, -1)
+        return torch.where(hist == orpheus.END_OF_SPEECH, BAND, cols)
 
     def _vec(self, values: list[float]) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.float32, device=self.device)

@@ -1,0 +1,63 @@
+#!/usr/bin/env python
+"""Lyre benchmarks.
+
+  python benchmark.py --mode engine [--concurrency 1,4,16] [--max-tokens 256] [--output FILE]
+
+--mode engine: tokens/s of the PyTorch token engine at each concurrency, and of transformers'
+generate run sequentially on the same weights and prompts, in one run. The load-scaling modes of
+seed 004 (scaling, all, tuning) arrive with the production server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from lyre import checkpoint
+from lyre.benchmarks import engine as engine_bench
+from lyre.config import ConfigError, add_config_arguments, config_from_args
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be integers >= 1")
+    return values
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=["engine"], required=True)
+    add_config_arguments(p)
+    p.add_argument("--checkpoint", type=Path, help="Llama checkpoint directory (default: the configured model)")
+    p.add_argument("--concurrency", type=_int_list, default=[1, 4, 16], help="levels, e.g. 1,4,16 (default)")
+    p.add_argument("--max-tokens", type=int, default=256, help="tokens generated per request (default 256)")
+    p.add_argument("--baseline-requests", type=int, default=2,
+                   help="requests transformers generates one after another (default 2)")
+    p.add_argument("--output", type=Path, help="write the figures as JSON")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        model_dir = args.checkpoint or checkpoint.resolve_model(cfg.model, cfg.codec).llama_dir
+        result = engine_bench.run(cfg, model_dir, args.concurrency, args.max_tokens, args.baseline_requests,
+                                  progress=lambda m: print(m, file=sys.stderr))
+    except (ConfigError, checkpoint.CheckpointError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(engine_bench.table(result))
+    if args.output:
+        args.output.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``benchmark.py``: each mode is a module here."""
