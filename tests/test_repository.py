@@ -49,6 +49,6 @@ def test_generated_artifacts_are_ignored_by_git():
 
 
 def test_code_passes_ruff():
-    lint = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "ruff"), "check", "src", "tests"], cwd=REPO_ROOT,
+    lint = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "ruff"), "check", "src", "tests", *map(str, REPO_ROOT.glob("*.py"))], cwd=REPO_ROOT,
                           capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout

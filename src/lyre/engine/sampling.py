@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 CANDIDATES = 1  # draws tested per row per round (measured: more per round costs more than extra rounds)
 MAX_ROUNDS = 8
@@ -40,13 +41,14 @@ def apply_repetition_penalty(
     the penalty, negative ones multiplied (each column once, however often it repeats)."""
     if history_cols.numel() == 0:
         return logits
-    b, c = logits.shape
-    seen = torch.zeros(b, c + 1, dtype=torch.bool, device=logits.device)
-    seen.scatter_(1, torch.where(history_cols < 0, c, history_cols), True)  # -1 -> a spill column
-    seen = seen[:, :c]
+    c = logits.shape[1]
+    padded = F.pad(logits, (0, 1))  # (B, C + 1): -1 entries point at the spill column C
+    cols = torch.where(history_cols < 0, c, history_cols)  # (B, W)
+    seen = padded.gather(1, cols)
     p = penalty[:, None]
-    penalised = torch.where(logits > 0, logits / p, logits * p)
-    return torch.where(seen, penalised, logits)
+    # duplicates write the same value: each column is penalised once, however often it repeats
+    padded.scatter_(1, cols, torch.where(seen > 0, seen / p, seen * p))
+    return padded[:, :c]
 
 
 def sample(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor:
@@ -70,7 +72,8 @@ def sample(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor:
         if not pending:
             break
         rows = torch.tensor(pending, device=logits.device)
-        p_rows, cdf_rows = probs[rows], cdf[rows]  # (n, C)
+        everyone = len(pending) == logits.shape[0]
+        p_rows, cdf_rows = (probs, cdf) if everyone else (probs[rows], cdf[rows])  # (n, C)
         target = params.uniform(pending, CANDIDATES) * cdf_rows[:, -1:]  # (n, M)
         col = torch.searchsorted(cdf_rows, target, right=True).clamp_(max=logits.shape[1] - 1)  # (n, M)
         p_col = p_rows.gather(1, col)  # (n, M)
@@ -80,7 +83,7 @@ def sample(logits: torch.Tensor, params: SamplingBatch) -> torch.Tensor:
         done = accept.any(dim=1)
         first = accept.int().argmax(dim=1, keepdim=True)  # first accepted draw
         picked[rows[done]] = col.gather(1, first)[done, 0]
-        pending = [r for r, ok in zip(pending, done.tolist()) if not ok]
+        pending = [r for r, ok in zip(pending, done.tolist(), strict=True) if not ok]
     if pending:
         rows = torch.tensor(pending, device=logits.device)
         picked[rows] = _sample_sorted(probs[rows], params.top_p[rows], params.uniform(pending)[:, 0])

@@ -302,7 +302,7 @@ class TorchEngine:
                 first_id = torch.zeros(len(rows), dtype=torch.long, device=self.device)
             cols = self._sample_rows(group, logits, first_id, is_constrained)
             chosen = self._col_ids(cols[:, None], first_id, is_constrained).squeeze(1).tolist()
-            for j, (i, s) in enumerate(zip(rows, group)):
+            for j, (i, s) in enumerate(zip(rows, group, strict=True)):
                 tokens[i] = chosen[j]
                 if s.request.record_logits:
                     every_col = torch.arange(logits.shape[1], device=self.device)[None, :]
@@ -364,7 +364,7 @@ class TorchEngine:
 
     def _postprocess(self, seqs, tokens, logits, logit_ids) -> list[TokenDelta]:
         deltas = []
-        for s, tok, lg, ids in zip(seqs, tokens, logits, logit_ids):
+        for s, tok, lg, ids in zip(seqs, tokens, logits, logit_ids, strict=True):
             s.num_generated += 1
             s.next_input = tok
             self.total_tokens += 1

@@ -1,0 +1,112 @@
+"""Engine fixtures: the demo model, two more model shapes, and a loop that drives an engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from lyre import demo, orpheus
+from lyre.engine.base import GenerationRequest, TokenDelta
+from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
+
+# Beyond the demo (GQA 3, llama3 RoPE, tied): untied + GQA 4 + explicit head_dim != hidden/heads +
+# no RoPE scaling; and multi-head (no GQA) + llama3 scaling with other factors + untied.
+SHAPE_GQA4_UNTIED = {
+    **demo.DEMO_LLAMA_CONFIG,
+    "vocab_size": 1000,
+    "hidden_size": 96,
+    "intermediate_size": 200,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+SHAPE_MHA_LLAMA3 = {
+    **demo.DEMO_LLAMA_CONFIG,
+    "vocab_size": 700,
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "rope_theta": 50000.0,
+    "rope_scaling": {"factor": 8.0, "high_freq_factor": 2.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 64, "rope_type": "llama3"},
+    "tie_word_embeddings": False,
+    "rms_norm_eps": 1e-6,
+    "torch_dtype": "float32",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
+
+@pytest.fixture(scope="session")
+def shape_dirs(tmp_path_factory, demo_dir) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("shapes")
+    return {
+        "demo": demo_dir / "llama",
+        "gqa4-untied": demo.write_llama_checkpoint(root / "gqa4", SHAPE_GQA4_UNTIED, seed=11),
+        "mha-llama3": demo.write_llama_checkpoint(root / "mha", SHAPE_MHA_LLAMA3, seed=12),
+    }
+
+
+@pytest.fixture(scope="session")
+def eos_happy_dir(tmp_path_factory) -> Path:
+    """A small Orpheus-vocabulary model whose end-of-speech logit is large: it stops often."""
+    from safetensors.torch import load_file, save_file
+
+    cfg = {**demo.DEMO_LLAMA_CONFIG, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16, "torch_dtype": "float32"}
+    d = demo.write_llama_checkpoint(tmp_path_factory.mktemp("eos") / "m", cfg, seed=13)
+    weights = load_file(str(d / "model.safetensors"))
+    weights["model.embed_tokens.weight"][orpheus.END_OF_SPEECH] *= 400.0  # tied: also the lm_head row
+    save_file(weights, str(d / "model.safetensors"))
+    return d
+
+
+def make_engine(model_dir: Path, **overrides) -> TorchEngine:
+    cfg = TorchEngineConfig(**{"slots": 8, "max_batch_size": 8, "max_seq_len": 256, "max_prefill_tokens": 64,
+                               **overrides})
+    return TorchEngine.from_checkpoint(model_dir, cfg)
+
+
+def drive(
+    engine: TorchEngine,
+    arrivals: dict[int, list[GenerationRequest]],
+    on_step: Callable[[int, list[TokenDelta]], None] | None = None,
+    max_steps: int = 10_000,
+) -> dict[str, list[TokenDelta]]:
+    """Step ``engine`` until idle, adding ``arrivals[step]`` before each step; deltas per request."""
+    out: dict[str, list[TokenDelta]] = {}
+    step = 0
+    while (step <= max(arrivals, default=0) or engine.has_work()) and step < max_steps:
+        for req in arrivals.get(step, []):
+            engine.add(req)
+        deltas = engine.step()
+        for d in deltas:
+            out.setdefault(d.request_id, []).append(d)
+        if on_step:
+            on_step(step, deltas)
+        step += 1
+    assert step < max_steps, "engine did not finish"
+    return out
+
+
+def tokens_of(deltas: list[TokenDelta]) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def logits_of(deltas: list[TokenDelta]) -> torch.Tensor:
+    return torch.cat([d.logits for d in deltas if d.logits is not None])

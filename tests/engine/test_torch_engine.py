@@ -1,0 +1,237 @@
+"""TorchEngine behaviour: slots, queueing, prefill, cancellation, errors, seeds, the audio constraint."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lyre import orpheus
+from lyre.engine.base import GenerationRequest, SamplingParams
+
+from .conftest import drive, make_engine, tokens_of
+
+AUDIO_PROMPT = [orpheus.START_OF_HUMAN, orpheus.BOS, 500, 501, 502, *orpheus.PROMPT_SUFFIX]
+
+
+def speech_prompt(i: int, extra: int = 0) -> list[int]:
+    return [orpheus.START_OF_HUMAN, orpheus.BOS, *range(300 + i, 303 + i + extra), *orpheus.PROMPT_SUFFIX]
+
+
+@pytest.fixture(scope="module")
+def engine(demo_dir):
+    return make_engine(demo_dir / "llama", slots=4, max_batch_size=4, max_prefill_tokens=16, max_seq_len=128)
+
+
+def test_kv_cache_is_allocated_once_and_slots_come_back(engine):
+    k_ptr, v_ptr = engine.cache.k.data_ptr(), engine.cache.v.data_ptr()
+    assert engine.stats().kv_cache_bytes == engine.cache.nbytes
+    params = SamplingParams(max_tokens=5, seed=1)
+    arrivals = {i: [GenerationRequest(f"s{i}", speech_prompt(i), params)] for i in range(12)}
+    seen_active = []
+    out = drive(engine, arrivals, lambda step, d: seen_active.append(engine.stats().active))
+    assert max(seen_active) == 4  # never more than the slots
+    assert all(out[f"s{i}"][-1].finish_reason == "length" and len(tokens_of(out[f"s{i}"])) == 5 for i in range(12))
+    assert (engine.cache.k.data_ptr(), engine.cache.v.data_ptr()) == (k_ptr, v_ptr)
+    assert engine.stats().active == 0 and not engine.has_work()
+    assert sorted(engine._free_slots) == [0, 1, 2, 3] and not engine._by_id  # nothing kept per finished request
+
+
+def test_requests_beyond_the_slots_wait_and_higher_priority_goes_first(engine):
+    params = SamplingParams(max_tokens=3, seed=2)
+    for i in range(4):
+        engine.add(GenerationRequest(f"busy{i}", speech_prompt(i), params))
+    engine.add(GenerationRequest("low", speech_prompt(5), params, priority=0))
+    engine.add(GenerationRequest("high", speech_prompt(6), params, priority=5))
+    order = []
+    while engine.has_work():
+        for d in engine.step():
+            if d.token_ids and d.request_id in ("low", "high") and d.request_id not in order:
+                order.append(d.request_id)
+        stats = engine.stats()
+        assert stats.active <= 4
+    assert order == ["high", "low"]
+
+
+def test_several_prompts_prefill_in_one_forward(engine):
+    params = SamplingParams(max_tokens=2, seed=3)
+    for i in range(3):  # 3 x 4 tokens fit the 16-token prefill budget
+        engine.add(GenerationRequest(f"p{i}", [orpheus.START_OF_HUMAN, orpheus.BOS, 300 + i, orpheus.START_OF_SPEECH],
+                                     params))
+    first = engine.step()
+    assert sorted(d.request_id for d in first) == ["p0", "p1", "p2"]  # each sampled its first token
+    assert engine.stats().total_steps >= 1
+    while engine.has_work():
+        engine.step()
+
+
+def test_a_long_prompt_is_chunked_and_never_stalls_decoding(engine):
+    params = SamplingParams(max_tokens=30, seed=4)
+    engine.add(GenerationRequest("talker", speech_prompt(0), params))
+    engine.step()  # talker prefilled and decoding
+    long_prompt = speech_prompt(1, extra=90)  # ~100 tokens, budget 16 per step
+    engine.add(GenerationRequest("long", long_prompt, SamplingParams(max_tokens=2, seed=5)))
+    steps_until_long_samples = 0
+    while True:
+        deltas = {d.request_id: d for d in engine.step()}
+        steps_until_long_samples += 1
+        assert "talker" in deltas  # decoded in every step of the long prefill
+        if "long" in deltas:
+            break
+        assert engine.stats().prefilling == 1
+    assert steps_until_long_samples == -(-len(long_prompt) // 16)
+    engine.cancel("talker")
+    engine.cancel("long")
+    while engine.has_work():
+        engine.step()
+
+
+def test_cancel_frees_the_slot_at_the_next_step_for_waiting_and_active(engine):
+    params = SamplingParams(max_tokens=50, seed=6)
+    for i in range(5):
+        engine.add(GenerationRequest(f"c{i}", speech_prompt(i), params))
+    engine.step()
+    assert engine.stats().active == 4 and engine.stats().waiting == 1
+    engine.cancel("c4")  # waiting
+    engine.cancel("c1")  # active
+    engine.cancel("no-such-request")  # ignored
+    deltas = {d.request_id: d for d in engine.step()}
+    assert deltas["c4"].finish_reason == "cancelled" and deltas["c4"].token_ids == []
+    assert deltas["c1"].finish_reason == "cancelled"
+    assert engine.stats().active == 3 and engine.stats().waiting == 0
+    engine.add(GenerationRequest("next", speech_prompt(9), params))
+    assert "next" in {d.request_id for d in engine.step()}  # took the freed slot at once
+    for rid in ("c0", "c2", "c3", "next"):
+        engine.cancel(rid)
+    engine.step()
+    assert not engine.has_work() and engine.stats().active == 0
+
+
+@pytest.mark.parametrize(
+    "prompt, params, message",
+    [
+        ([], SamplingParams(), "empty"),
+        ([1, 2, 156940], SamplingParams(), "outside the model's vocabulary"),
+        ([-1], SamplingParams(), "outside the model's vocabulary"),
+        (list(range(200)), SamplingParams(), "200 tokens; a slot holds 128"),
+        ([1, 2], SamplingParams(temperature=-1), "temperature must be >= 0"),
+        ([1, 2], SamplingParams(top_p=0), "top_p"),
+        ([1, 2], SamplingParams(max_tokens=0), "max_tokens"),
+    ],
+)
+def test_bad_requests_are_refused_and_leave_no_trace(engine, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        engine.add(GenerationRequest("bad", prompt, params))
+    assert not engine.has_work() and engine.stats().waiting == 0
+
+
+def test_duplicate_request_ids_are_refused(engine):
+    engine.add(GenerationRequest("dup", speech_prompt(0), SamplingParams(max_tokens=1)))
+    with pytest.raises(ValueError, match="already in the engine"):
+        engine.add(GenerationRequest("dup", speech_prompt(1)))
+    drive(engine, {})
+
+
+def test_stop_ids_and_a_full_slot_finish_requests(engine, eos_happy_dir):
+    # A full slot: a 120-token prompt in a 128-token slot leaves KV room for 8 generated tokens, and
+    # the 9th is sampled from the last position (it needs no KV entry).
+    out = drive(engine, {0: [GenerationRequest("full", list(range(1000, 1119)) + [orpheus.START_OF_SPEECH],
+                                               SamplingParams(max_tokens=100, seed=1))]})
+    assert out["full"][-1].finish_reason == "length" and len(tokens_of(out["full"])) == 9
+    # A stop id: the greedy first token, declared a stop id, ends the request at once.
+    greedy = SamplingParams(temperature=0, max_tokens=10, constrain_audio=False, stop_ids=())
+    first = tokens_of(drive(engine, {0: [GenerationRequest("probe", [5, 6, 7], greedy)]})["probe"])[0]
+    out = drive(engine, {0: [GenerationRequest("stop", [5, 6, 7], SamplingParams(**{**greedy.__dict__, "stop_ids": (first,)}))]})
+    assert tokens_of(out["stop"]) == [first] and out["stop"][-1].finish_reason == "stop"
+
+
+def test_end_of_speech_only_at_frame_boundaries(eos_happy_dir):
+    eng = make_engine(eos_happy_dir, slots=4, max_batch_size=4)
+    arrivals = {0: [GenerationRequest(f"e{i}", AUDIO_PROMPT, SamplingParams(max_tokens=200, seed=i, temperature=1.0,
+                                                                            top_p=1.0)) for i in range(4)]}
+    out = drive(eng, arrivals)
+    lengths = []
+    for i in range(4):
+        tokens = tokens_of(out[f"e{i}"])
+        assert out[f"e{i}"][-1].finish_reason == "stop" and tokens[-1] == orpheus.END_OF_SPEECH
+        assert (len(tokens) - 1) % 7 == 0  # whole frames, then end-of-speech
+        lengths.append(len(tokens))
+    assert len(set(lengths)) > 1  # the stop came at different frames, not at a fixed length
+
+
+def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(demo_dir):
+    eng = make_engine(demo_dir / "llama", slots=2, max_batch_size=2)
+    real_forward = eng.model.forward
+    calls = {"n": 0}
+
+    def forward_failing_once(*args, **kwargs):  # fault injection: one broken forward pass
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated device fault")
+        return real_forward(*args, **kwargs)
+
+    eng.model.forward = forward_failing_once
+    eng.add(GenerationRequest("a", AUDIO_PROMPT, SamplingParams(max_tokens=20, seed=1)))
+    eng.add(GenerationRequest("b", AUDIO_PROMPT, SamplingParams(max_tokens=20, seed=2)))
+    eng.step()
+    deltas = eng.step()
+    assert {d.request_id: (d.finish_reason, "simulated device fault" in (d.error or "")) for d in deltas} == {
+        "a": ("error", True), "b": ("error", True)}
+    assert eng.stats().active == 0
+    out = drive(eng, {0: [GenerationRequest("c", AUDIO_PROMPT, SamplingParams(max_tokens=5, seed=3))]})
+    assert out["c"][-1].finish_reason == "length" and len(tokens_of(out["c"])) == 5
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_full_batch(demo_dir):
+    params = SamplingParams(max_tokens=40, seed=1234)  # default sampling: temperature, top-p, penalty
+    alone = make_engine(demo_dir / "llama", slots=8, max_batch_size=8)
+    solo = tokens_of(drive(alone, {0: [GenerationRequest("x", AUDIO_PROMPT, params)]})["x"])
+    crowd = make_engine(demo_dir / "llama", slots=8, max_batch_size=8)
+    others = {s: [GenerationRequest(f"o{s}", speech_prompt(s, extra=s), SamplingParams(max_tokens=60, seed=s,
+                                                                                         temperature=0.9))]
+              for s in range(0, 7)}
+    others.setdefault(3, []).append(GenerationRequest("x", AUDIO_PROMPT, params))  # joins a busy batch
+    batched = tokens_of(drive(crowd, others)["x"])
+    assert batched == solo and len(solo) == 40
+    other = tokens_of(drive(alone, {0: [GenerationRequest("y", AUDIO_PROMPT, SamplingParams(max_tokens=40, seed=99))]})["y"])
+    assert other != solo
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    seed=st.integers(0, 2**31),
+    temperature=st.floats(0.0, 3.0),
+    top_p=st.floats(0.01, 1.0),
+    top_k=st.sampled_from([0, 1, 5, 50, 5000]),
+    penalty=st.floats(1.0, 2.0),
+    window=st.integers(0, 20),
+    stagger=st.integers(0, 6),
+)
+def test_constrained_sampling_never_emits_an_invalid_audio_id(
+    engine, seed, temperature, top_p, top_k, penalty, window, stagger
+):
+    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty,
+                            repetition_window=window, max_tokens=30, seed=seed)
+    arrivals = {0: [GenerationRequest("a", AUDIO_PROMPT, params)]}
+    arrivals.setdefault(stagger, []).append(GenerationRequest("b", speech_prompt(seed % 50), params))
+    out = drive(engine, arrivals)
+    for rid in ("a", "b"):
+        tokens = tokens_of(out[rid])
+        parser = orpheus.AudioTokenParser()
+        frames = parser.feed(tokens)
+        st_ = parser.stats
+        assert st_.invalid_tokens == 0 and st_.non_audio_tokens == 0 and st_.after_stop == 0
+        if parser.finished:
+            assert parser.pending_tokens == 0
+        assert len(frames) == st_.audio_tokens // 7
+
+
+def test_prompt_without_start_of_speech_samples_freely_until_it_comes(demo_dir):
+    # Without start-of-speech at the end of the prompt the whole vocabulary is open; the recorded
+    # logits cover it.
+    eng = make_engine(demo_dir / "llama", slots=2, max_batch_size=2)
+    out = drive(eng, {0: [GenerationRequest("t", [orpheus.BOS, 400, 401], SamplingParams(max_tokens=3, seed=0),
+                                            record_logits=True)]})
+    assert all(d.logits.shape[-1] == orpheus.VOCAB_SIZE for d in out["t"])
+    assert torch.equal(out["t"][0].logits_ids[0], torch.arange(orpheus.VOCAB_SIZE))
