@@ -274,6 +274,22 @@ def _is_complete(path: Path, kind: str) -> bool:
     return True
 
 
+def _snapshot(repo_id: str, kind: str, revision: str, cache_dir: str | Path | None, **kwargs: Any) -> Path:
+    """``snapshot_download`` of the files Lyre needs from ``repo_id`` (top level only)."""
+    from huggingface_hub import snapshot_download
+
+    return Path(
+        snapshot_download(
+            repo_id,
+            revision=revision,
+            allow_patterns=_patterns(kind),
+            ignore_patterns=IGNORE_PATTERNS,
+            cache_dir=cache_dir,
+            **kwargs,
+        )
+    )
+
+
 def download(
     repo_id: str,
     kind: str = "llama",
@@ -286,7 +302,6 @@ def download(
     Progress bars come from ``huggingface_hub``. Fails with :class:`CheckpointError` when the
     hub cannot be reached or the repository is missing, gated or incomplete.
     """
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         HfHubHTTPError,
@@ -294,28 +309,21 @@ def download(
         RepositoryNotFoundError,
     )
 
+    setting = "model.path" if kind == "llama" else "codec.path"
     try:
-        path = Path(
-            snapshot_download(
-                repo_id,
-                revision=revision,
-                allow_patterns=_patterns(kind),
-                ignore_patterns=IGNORE_PATTERNS,
-                cache_dir=cache_dir,
-                endpoint=endpoint,
-            )
-        )
+        path = _snapshot(repo_id, kind, revision, cache_dir, endpoint=endpoint)
     except GatedRepoError:
         raise CheckpointError(
             f"{repo_id} is gated: accept its licence on Hugging Face, then log in (`hf auth login`) or set HF_TOKEN"
         ) from None
     except RepositoryNotFoundError:
         raise CheckpointError(f"{repo_id} does not exist on Hugging Face (or is private: log in first)") from None
-    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as e:
+    except HfHubHTTPError as e:
+        raise CheckpointError(f"cannot download {repo_id}@{revision}: the Hugging Face hub answered {e}") from None
+    except (LocalEntryNotFoundError, OSError) as e:
         raise CheckpointError(
             f"cannot download {repo_id}@{revision}: the Hugging Face hub is not reachable from here "
-            f"({type(e).__name__}). Copy the checkpoint onto this machine and set "
-            f"{'model.path' if kind == 'llama' else 'codec.path'} to its directory."
+            f"({type(e).__name__}). Copy the checkpoint onto this machine and set {setting} to its directory."
         ) from None
     if not _is_complete(path, kind):
         raise CheckpointError(f"{repo_id}@{revision} downloaded to {path} but lacks the files a {kind} checkpoint needs")
@@ -326,20 +334,10 @@ def find_cached(
     repo_id: str, kind: str = "llama", revision: str = "main", cache_dir: str | Path | None = None
 ) -> Path | None:
     """The local Hugging Face cache's complete copy of ``repo_id``, or None. Never uses the network."""
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        path = Path(
-            snapshot_download(
-                repo_id,
-                revision=revision,
-                allow_patterns=_patterns(kind),
-                ignore_patterns=IGNORE_PATTERNS,
-                cache_dir=cache_dir,
-                local_files_only=True,
-            )
-        )
+        path = _snapshot(repo_id, kind, revision, cache_dir, local_files_only=True)
     except (LocalEntryNotFoundError, OSError, ValueError):
         return None
     return path if _is_complete(path, kind) else None

@@ -212,6 +212,7 @@ class TorchEngine:
 
     @torch.inference_mode()
     def step(self) -> list[TokenDelta]:
+        """One iteration: schedule -> run -> postprocess. Returns this step's deltas."""
         deltas = self._reap_cancelled()
         self._admit()
         decode, prefill = self._schedule()
@@ -223,7 +224,8 @@ class TorchEngine:
             tokens, logits, logit_ids = self._sample(samplers, hidden)
         except Exception as e:  # one bad step fails its own requests, not the engine
             log.exception("engine step failed")
-            return deltas + [self._finish(s, "error", error=f"{type(e).__name__}: {e}") for s in decode + [p for p, _ in prefill]]
+            error = f"{type(e).__name__}: {e}"
+            return deltas + [self._finish(s, "error", error) for s in decode + [seq for seq, _ in prefill]]
         self.total_steps += 1
         return deltas + self._postprocess(samplers, tokens, logits, logit_ids)
 
