@@ -65,10 +65,12 @@ class CodecConfig:
     hf_id: str = "hubertsiuzdak/snac_24khz"
     revision: str = "main"
     context_frames: int = _f(3, ge=0, le=9)
+    warmup_frames: int = _f(4, ge=1, le=64)
     noise: bool = True
     noise_seed: int | None = None
     fp16: bool = False
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    overlap: Literal["auto", "on", "off"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class SchedulerConfig:
     max_prefill_tokens: int = _f(512, ge=16)
     session_timeout_s: float = _f(120.0, gt=0.0)
     consumer_timeout_s: float = _f(10.0, gt=0.0)
+    output_queue_chunks: int = _f(64, ge=1)
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,19 @@ def load_config(
     except ConfigError as e:
         raise ConfigError(f"{e} (in {source}{' with overrides' if overrides else ''})") from None
     return cfg
+
+
+def apply_overrides(cfg: LyreConfig, overrides: Sequence[str] | Mapping[str, Any]) -> LyreConfig:
+    """``cfg`` with dotted ``overrides`` applied and validated as load_config does."""
+    raw = config_to_dict(cfg)
+    for key, value in _parse_overrides(overrides):
+        _set_dotted(raw, key, value)
+    try:
+        new = _build(LyreConfig, raw, "")
+        _check_relations(new)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (with overrides)") from None
+    return new
 
 
 def _parse_overrides(overrides: Sequence[str] | Mapping[str, Any]) -> list[tuple[str, Any]]:

@@ -1,0 +1,47 @@
+"""Prometheus metrics and the seed 004 ``/v1/stats`` snapshot.
+
+Each :class:`Metrics` has its own registry, so several services (tests) never collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
+_STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.ttfb = Histogram("lyre_ttfb_seconds", "Request received to first audio chunk", buckets=_LATENCY_BUCKETS,
+                              registry=r)
+        self.step_seconds = Histogram("lyre_step_seconds", "Engine step time (token step, routing, audio)",
+                                      buckets=_STEP_BUCKETS, registry=r)
+        self.batch_size = Histogram("lyre_batch_size", "Sessions that produced a token in a step",
+                                    buckets=_BATCH_BUCKETS, registry=r)
+        self.active = Gauge("lyre_active_sessions", "Sessions holding a KV slot", registry=r)
+        self.pending = Gauge("lyre_pending_sessions", "Sessions waiting for a KV slot", registry=r)
+        self.kv_slots_used = Gauge("lyre_kv_slots_used", "KV cache slots in use", registry=r)
+        self.tokens = Counter("lyre_tokens", "Generated tokens", registry=r)
+        self.audio_seconds = Counter("lyre_audio_seconds", "Audio delivered, in seconds", registry=r)
+        self.rejections = Counter("lyre_rejections", "Requests refused", ["reason"], registry=r)
+        self.late_chunks = Counter("lyre_late_chunks", "Chunks delivered after the listener's audio ran out",
+                                   registry=r)
+        self.sessions = Counter("lyre_sessions", "Sessions ended, by outcome", ["outcome"], registry=r)
+        self.total_batches = 0
+
+    def observe_step(self, seconds: float, batch: int) -> None:
+        self.step_seconds.observe(seconds)
+        self.batch_size.observe(batch)
+        self.total_batches += 1
+
+    def set_load(self, active: int, pending: int, slots_used: int) -> None:
+        self.active.set(active)
+        self.pending.set(pending)
+        self.kv_slots_used.set(slots_used)
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric."""
+        return generate_latest(self.registry)

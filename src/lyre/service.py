@@ -1,0 +1,377 @@
+"""``TTSService``: the library API — text in, streaming 24 kHz PCM out — usable without any server.
+
+    async with TTSService.from_config("config/model_config.yaml") as tts:
+        async for chunk in tts.stream("Hello world", voice="tara"):
+            play(chunk.pcm)                      # int16, 24 kHz, mono
+        audio = await tts.synthesize("Bye now")  # whole result with metrics
+
+One engine thread owns the scheduler, the token engine and the codec. The asyncio side validates
+requests, takes a place at the admission gate (overload is refused at once), and talks to the
+engine thread only by message; audio comes back through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lyre import checkpoint, orpheus
+from lyre.codec import SnacDecoder, StreamSettings, configure_noise
+from lyre.config import LyreConfig, apply_overrides, load_config
+from lyre.engine.base import SamplingParams
+from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
+from lyre.metrics import Metrics
+from lyre.scheduler import (
+    CANCELLED,
+    FINISHED,
+    AdmissionGate,
+    ChunkEvent,
+    Overloaded,
+    Scheduler,
+    Segment,
+    Session,
+)
+from lyre.text import MAX_SEGMENT_CHARS, split_text
+
+log = logging.getLogger("lyre.service")
+
+
+# --------------------------------------------------------------------------------------------
+# errors the front ends map to status codes
+
+
+class LyreError(Exception):
+    code = "internal_error"
+
+
+class InvalidRequest(LyreError):
+    code = "invalid_request"
+
+
+class UnknownVoice(InvalidRequest):
+    code = "unknown_voice"
+
+
+class TextTooLong(InvalidRequest):
+    code = "text_too_long"
+
+
+class OverloadedError(LyreError):
+    code = "overloaded"
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"the server is at capacity; retry after {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+class SynthesisCancelled(LyreError):
+    code = "cancelled"
+
+
+class SynthesisTimeout(LyreError):
+    code = "timeout"
+
+
+class SynthesisFailed(LyreError):
+    code = "synthesis_failed"
+
+
+# --------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class AudioChunk:
+    pcm: np.ndarray  # int16 mono
+    sample_rate: int
+    offset_samples: int  # of pcm[0] in the whole utterance
+    index: int
+    elapsed_ms: float  # request received -> this chunk delivered
+    late: bool  # delivered after the audio before it had finished playing
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / self.sample_rate
+
+
+@dataclass
+class Audio:
+    pcm: np.ndarray  # int16 mono
+    sample_rate: int
+    metrics: dict[str, Any] = field(default_factory=dict)  # ttfb_ms, tokens, audio_seconds, real_time_factor, ...
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / self.sample_rate
+
+
+def to_int16(pcm: np.ndarray) -> np.ndarray:
+    return (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype(np.int16)
+
+
+SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)} - {"stop_ids"}
+
+
+# --------------------------------------------------------------------------------------------
+# the engine thread
+
+
+class EngineLoop:
+    """The one thread that runs the scheduler. Work arrives as callables in its inbox."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="lyre-engine", daemon=True)
+        self.alive = False
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self.alive = True
+        self.thread.start()
+
+    def post(self, fn: Callable[[], None]) -> None:
+        self.inbox.put(fn)
+
+    def stop(self) -> None:
+        self.inbox.put(None)
+        self.thread.join()
+
+    def _run(self) -> None:
+        try:
+            idle_wait: float | None = None
+            while True:
+                for fn in self._take(block=not self.scheduler.has_work(), timeout=idle_wait):
+                    if fn is None:
+                        self.scheduler.shutdown()
+                        return
+                    fn()
+                progressed = self.scheduler.step() if self.scheduler.has_work() else False
+                self.scheduler.publish()
+                # Sessions are open but nothing moved (e.g. all waiting on their consumers): wait for
+                # a message briefly instead of spinning.
+                idle_wait = None if progressed else 0.002
+        except BaseException as e:  # the loop must never die silently
+            log.exception("engine loop stopped")
+            self.error = e
+        finally:
+            self.alive = False
+
+    def _take(self, block: bool, timeout: float | None) -> list[Callable[[], None] | None]:
+        items = []
+        try:
+            if block:
+                items.append(self.inbox.get())
+            elif timeout:
+                items.append(self.inbox.get(timeout=timeout))
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+
+# --------------------------------------------------------------------------------------------
+# the service
+
+
+class SpeechStream:
+    """Async iterator over one utterance's :class:`AudioChunk` s; ``metrics`` is set at the end.
+    Leaving the loop early (break, exception, aclose) cancels the synthesis and frees its slot."""
+
+    def __init__(self, service: TTSService, session: Session, events: asyncio.Queue):
+        self._service, self._session, self._events = service, session, events
+        self.session_id = session.session_id
+        self.metrics: dict[str, Any] | None = None
+        self._done = False
+
+    def __aiter__(self) -> SpeechStream:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            ev = await self._events.get()
+        except BaseException:
+            self.cancel()
+            raise
+        if isinstance(ev, ChunkEvent):
+            self._session.consumed += 1
+            return AudioChunk(
+                pcm=to_int16(ev.pcm),
+                sample_rate=orpheus.SAMPLE_RATE,
+                offset_samples=ev.offset,
+                index=ev.index,
+                elapsed_ms=1000 * (time.monotonic() - self._session.created),
+                late=ev.late,
+            )
+        self._done = True
+        self.metrics = ev.metrics
+        if ev.outcome == FINISHED:
+            raise StopAsyncIteration
+        if ev.outcome == CANCELLED and ev.reason == "timeout":
+            raise SynthesisTimeout("synthesis took longer than scheduler.session_timeout_s")
+        if ev.outcome == CANCELLED:
+            raise SynthesisCancelled(f"synthesis was cancelled ({ev.reason})")
+        raise SynthesisFailed(ev.reason or "synthesis failed")
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._service._cancel(self.session_id)
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+
+class TTSService:
+    def __init__(self, config: LyreConfig):
+        self.config = config
+        self.metrics = Metrics()
+        self.gate = AdmissionGate(config.scheduler.max_concurrent_sessions, config.scheduler.max_pending)
+        self._ids = itertools.count()
+        self._loop: EngineLoop | None = None
+        self.scheduler: Scheduler | None = None
+        self.model: checkpoint.ResolvedModel | None = None
+        self.tokenizer: Any = None
+
+    @classmethod
+    def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, **overrides: Any) -> TTSService:
+        """``overrides`` are dotted keys, e.g. ``**{"scheduler.max_batch_size": 8}`` or
+        ``scheduler__max_batch_size=8``."""
+        dotted = {k.replace("__", "."): v for k, v in overrides.items()}
+        if isinstance(path_or_config, LyreConfig):
+            return cls(apply_overrides(path_or_config, dotted))
+        return cls(load_config(path_or_config, dotted))
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> TTSService:
+        await asyncio.to_thread(self._load)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def _load(self) -> None:
+        cfg = self.config
+        self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
+        self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
+        engine_cfg = TorchEngineConfig.from_config(cfg)
+        engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
+        codec_device = cfg.codec.device if cfg.codec.device != "auto" else engine_cfg.device
+        on_gpu = codec_device == "cuda"
+        codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
+        snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
+        configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
+        settings = StreamSettings(
+            context_frames=cfg.codec.context_frames,
+            first_flush_frames=cfg.scheduler.flush_first_n_tokens // orpheus.FRAME_TOKENS,
+            every_flush_frames=cfg.scheduler.flush_every_n_tokens // orpheus.FRAME_TOKENS,
+            warmup_frames=cfg.codec.warmup_frames,
+        )
+        overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and on_gpu)
+        self.scheduler = Scheduler(cfg.scheduler, engine, SnacDecoder(snac, torch.device(codec_device), codec_dtype),
+                                   settings, self.gate, metrics=self.metrics, overlap_codec=overlap)
+        self._loop = EngineLoop(self.scheduler)
+        self._loop.start()
+        log.info("engine: torch on %s (%s); model %s%s", engine_cfg.device, engine_cfg.dtype, self.model.source,
+                 " — DEMO, audio is noise" if self.model.is_demo else "")
+
+    async def aclose(self) -> None:
+        if self._loop is not None and self._loop.alive:
+            await asyncio.to_thread(self._loop.stop)
+
+    @property
+    def ready(self) -> bool:
+        return self._loop is not None and self._loop.alive
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        return self.config.model.voices
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def stream(self, text: str, voice: str | None = None, **sampling: Any) -> SpeechStream:
+        """Start synthesising ``text``; iterate the result for audio chunks as they are decoded.
+        Raises InvalidRequest / UnknownVoice / TextTooLong / OverloadedError at once."""
+        if not self.ready:
+            raise LyreError("the service is not running (use `async with TTSService...`)")
+        prompts, params = self._prepare(text, voice, sampling)
+        try:
+            self.gate.enter()
+        except Overloaded as e:
+            self.metrics.rejections.labels(reason="overloaded").inc()
+            raise OverloadedError(e.retry_after_s) from None
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        session = Session(
+            session_id=f"s{next(self._ids)}",
+            segments=[Segment(p) for p in prompts],
+            sampling=params,
+            sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+            created=time.monotonic(),
+        )
+        self._loop.post(lambda: self.scheduler.submit(session))
+        return SpeechStream(self, session, events)
+
+    async def synthesize(self, text: str, voice: str | None = None, **sampling: Any) -> Audio:
+        """The whole utterance at once, with metrics."""
+        stream = self.stream(text, voice, **sampling)
+        parts = [chunk.pcm async for chunk in stream]
+        pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+        return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics or {})
+
+    def _cancel(self, session_id: str) -> None:
+        if self._loop is not None and self._loop.alive:
+            self._loop.post(lambda: self.scheduler.cancel(session_id, "cancelled"))
+
+    def _prepare(self, text: str, voice: str | None, sampling: dict[str, Any]) -> tuple[list[list[int]], SamplingParams]:
+        cfg = self.config
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequest("text is empty: there is nothing to speak")
+        limit = cfg.active_profile.max_text_chars
+        if len(text) > limit:
+            raise TextTooLong(
+                f"text has {len(text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
+            )
+        voice = voice or cfg.model.default_voice
+        if voice not in cfg.model.voices:
+            raise UnknownVoice(f"unknown voice {voice!r}; available voices: {', '.join(cfg.model.voices)}")
+        unknown = set(sampling) - SAMPLING_KEYS
+        if unknown:
+            raise InvalidRequest(
+                f"unknown sampling option(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(SAMPLING_KEYS))}"
+            )
+        try:
+            params = SamplingParams.from_config(cfg.sampling, **sampling)
+            params.validate()
+        except (TypeError, ValueError) as e:
+            raise InvalidRequest(str(e)) from None
+        segments = split_text(text, MAX_SEGMENT_CHARS)
+        prompts = [orpheus.build_prompt_ids(self.tokenizer, seg, voice) for seg in segments]
+        longest = max(len(p) for p in prompts)
+        if longest >= cfg.kv_cache.max_seq_len:
+            raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")
+        return prompts, params
+
+    # --- observability --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The seed 004 ``/v1/stats`` snapshot (as published by the engine thread after its last step)."""
+        if self.scheduler is None:
+            return {}
+        return self.scheduler.snapshot
