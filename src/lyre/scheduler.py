@@ -156,36 +156,38 @@ class Policy:
     def __init__(self, cfg: SchedulerConfig):
         self.cfg = cfg
 
+    def choose(self, sessions: list[Session], limit: int, step: int, now: float) -> list[Session]:
+        """At most ``limit`` of ``sessions`` to decode this step."""
+        if len(sessions) <= limit:
+            return sessions
+        return self.order(sessions, step, now)[:limit]
+
+    def is_new(self, s: Session) -> bool:
+        return s.tokens < self.cfg.ttfb_priority_tokens
+
     def order(self, sessions: list[Session], step: int, now: float) -> list[Session]:
         raise NotImplementedError
 
-    def choose(self, sessions: list[Session], limit: int, step: int, now: float) -> list[Session]:
-        """New sessions (fewer than ttfb_priority_tokens) and any session that has waited
-        max_wait_steps go first; the policy orders the rest."""
-        if len(sessions) <= limit:
-            return sessions
-        starving = [s for s in sessions if step - s.last_run_step > self.cfg.max_wait_steps]
-        starving.sort(key=lambda s: (s.last_run_step, s.order))
-        new = [s for s in sessions if s.tokens < self.cfg.ttfb_priority_tokens and s not in starving]
-        new.sort(key=lambda s: s.order)
-        picked = set(starving) | set(new)
-        rest = self.order([s for s in sessions if s not in picked], step, now)
-        return (starving + new + rest)[:limit]
-
 
 class FairPolicy(Policy):
-    """Seed 004: new sessions first, the rest round-robin (least recently run first)."""
+    """Seed 004: sessions that have waited max_wait_steps first (the starvation bound), then new
+    sessions (fewer than ttfb_priority_tokens), then the rest round-robin."""
 
     def order(self, sessions, step, now):
-        return sorted(sessions, key=lambda s: (s.last_run_step, s.order))
+        def key(s: Session):
+            starving = step - s.last_run_step > self.cfg.max_wait_steps
+            return (not starving, not self.is_new(s), s.last_run_step, s.order)
+
+        return sorted(sessions, key=key)
 
 
 class DeadlinePolicy(Policy):
-    """New sessions first, then least playback slack: a session far ahead of its listener yields
-    its turn to one about to run dry."""
+    """New sessions first, then least playback slack (audio delivered minus time since the first
+    audio): a session far ahead of its listener yields its turn to one about to run dry. A waiting
+    session's slack shrinks as its listener plays, so nobody waits for ever."""
 
     def order(self, sessions, step, now):
-        return sorted(sessions, key=lambda s: (s.slack(now), s.order))
+        return sorted(sessions, key=lambda s: (not self.is_new(s), s.slack(now), s.order))
 
 
 POLICIES = {"fair": FairPolicy, "deadline": DeadlinePolicy}
@@ -337,7 +339,8 @@ class Scheduler:
             if k is None:
                 continue
             previous_done = s.segments[k - 1].done_generating
-            if previous_done or spare > 0:  # a continuation always goes in; lookahead only into spare slots
+            one_ahead = k < 2 or s.segments[k - 2].done_generating
+            if previous_done or (one_ahead and spare > 0):  # continuation always; lookahead one segment, spare slots only
                 self._submit_segment(s, k)
                 spare -= 0 if previous_done else 1
 

@@ -1,0 +1,101 @@
+"""Test doubles, named as such: they stand in for what the scheduler tests do not exercise.
+
+- ``FakeClock``: time that moves only when the test says so.
+- ``FakeTokenEngine``: the ``TokenEngine`` contract with scripted tokens instead of a model
+  (stands in for a GPU engine so that scheduling decisions are the only thing under test).
+- ``SilentCodec``: returns silence of the right length instead of running SNAC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lyre import orpheus
+from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta
+
+
+class FakeClock:
+    def __init__(self, t: float = 1000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class _FakeSeq:
+    request: GenerationRequest
+    order: int
+    generated: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class FakeTokenEngine:
+    capacity: int = 4
+    max_batch_size: int = 2
+    tokens_per_request: int = 70  # then end-of-speech
+    fail_request: str | None = None  # this request id gets an error delta at its first step
+    policy: object = None
+    chosen_log: list[list[str]] = field(default_factory=list)  # request ids decoded, per step
+    _active: list[_FakeSeq] = field(default_factory=list)
+    _waiting: list[_FakeSeq] = field(default_factory=list)
+    _n: int = 0
+    total_tokens: int = 0
+    steps: int = 0
+
+    def add(self, request: GenerationRequest) -> None:
+        self._n += 1
+        self._waiting.append(_FakeSeq(request, self._n))
+        self._waiting.sort(key=lambda s: (-s.request.priority, s.order))
+
+    def cancel(self, request_id: str) -> None:
+        for s in self._active + self._waiting:
+            if s.request.request_id == request_id:
+                s.cancelled = True
+
+    def has_work(self) -> bool:
+        return bool(self._active or self._waiting)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(self.capacity, len(self._active), len(self._waiting), 0, self._n, self.total_tokens,
+                           self.steps, 0)
+
+    def step(self) -> list[TokenDelta]:
+        deltas = []
+        for s in [s for s in self._active + self._waiting if s.cancelled]:
+            (self._active if s in self._active else self._waiting).remove(s)
+            deltas.append(TokenDelta(s.request.request_id, [], True, "cancelled"))
+        while self._waiting and len(self._active) < self.capacity:
+            self._active.append(self._waiting.pop(0))
+        chosen = self.policy.choose(list(self._active), self.max_batch_size) if self._active else []
+        self.chosen_log.append([s.request.request_id for s in chosen])
+        self.steps += 1
+        for s in chosen:
+            rid = s.request.request_id
+            if rid == self.fail_request:
+                self._active.remove(s)
+                deltas.append(TokenDelta(rid, [], True, "error", error="RuntimeError: simulated device fault"))
+                continue
+            k = s.generated
+            s.generated += 1
+            self.total_tokens += 1
+            if k >= self.tokens_per_request:
+                self._active.remove(s)
+                deltas.append(TokenDelta(rid, [orpheus.END_OF_SPEECH], True, "stop"))
+            else:
+                deltas.append(TokenDelta(rid, [orpheus.audio_token_id((k * 37) % 4096, k)]))
+        return deltas
+
+
+class SilentCodec:
+    calls = 0
+
+    def decode(self, jobs):
+        self.calls += 1
+        return [np.zeros(len(j.frames) * orpheus.SAMPLES_PER_FRAME, dtype=np.float32) for j in jobs]

@@ -1,0 +1,182 @@
+"""Scheduling decisions with a scripted clock and token source: TTFB order, starvation bound,
+deadline choice, overload, timeouts, slow consumers, engine errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from lyre.codec import StreamSettings
+from lyre.config import load_config
+from lyre.engine.base import SamplingParams
+from lyre.scheduler import (
+    AdmissionGate,
+    ChunkEvent,
+    DeadlinePolicy,
+    DoneEvent,
+    FairPolicy,
+    Overloaded,
+    Scheduler,
+    Segment,
+    Session,
+)
+
+from .fakes import FakeClock, FakeTokenEngine, SilentCodec
+
+
+def make(policy="fair", capacity=4, batch=2, tokens=70, **sched):
+    cfg = load_config(None, {"scheduler.policy": policy, "scheduler.max_concurrent_sessions": capacity,
+                             "scheduler.max_batch_size": batch, **{f"scheduler.{k}": v for k, v in sched.items()}})
+    clock = FakeClock()
+    engine = FakeTokenEngine(capacity=capacity, max_batch_size=batch, tokens_per_request=tokens)
+    gate = AdmissionGate(capacity, cfg.scheduler.max_pending)
+    sch = Scheduler(cfg.scheduler, engine, SilentCodec(), StreamSettings(warmup_frames=1), gate, clock=clock)
+    return sch, engine, clock, gate
+
+
+def open_session(sch, gate, clock, name, segments=1):
+    events: list = []
+    gate.enter()
+    s = Session(name, [Segment([1, 2, 3]) for _ in range(segments)], SamplingParams(), events.append, clock())
+    sch.submit(s)
+    return s, events
+
+
+def run(sch, clock, steps, dt=0.01):
+    for _ in range(steps):
+        sch.step()
+        clock.advance(dt)
+
+
+def done(events) -> DoneEvent | None:
+    return next((e for e in events if isinstance(e, DoneEvent)), None)
+
+
+def test_new_sessions_go_first_then_round_robin():
+    sch, engine, clock, gate = make(capacity=4, batch=2)
+    old = [open_session(sch, gate, clock, f"old{i}")[0] for i in range(3)]
+    run(sch, clock, 60)  # 2 per step among 3: each is past ttfb_priority_tokens (20)
+    assert all(s.tokens >= 20 for s in old)
+    new, _ = open_session(sch, gate, clock, "new")
+    engine.chosen_log.clear()
+    run(sch, clock, 10)
+    assert all("new#0" in chosen for chosen in engine.chosen_log[:10])  # every step until 20 tokens
+    engine.chosen_log.clear()
+    run(sch, clock, 12)
+    counts = {f"old{i}#0": sum(f"old{i}#0" in c for c in engine.chosen_log) for i in range(3)}
+    assert max(counts.values()) - min(counts.values()) <= 1  # round-robin among the rest
+
+
+def test_no_session_waits_more_than_max_wait_steps_even_under_a_stream_of_new_ones():
+    sch, engine, clock, gate = make(capacity=8, batch=2, max_wait_steps=3, tokens=400)
+    veteran, _ = open_session(sch, gate, clock, "veteran")
+    run(sch, clock, 25)  # past the new-session priority
+    for i in range(7):
+        open_session(sch, gate, clock, f"n{i}")
+    engine.chosen_log.clear()
+    run(sch, clock, 40)
+    gaps, last = [], -1
+    for step, chosen in enumerate(engine.chosen_log):
+        if "veteran#0" in chosen:
+            gaps.append(step - last)
+            last = step
+    assert gaps and max(gaps) <= 4  # waited at most max_wait_steps steps between turns
+
+
+def test_deadline_policy_serves_the_session_about_to_run_dry():
+    sch, engine, clock, gate = make(policy="deadline", capacity=4, batch=1, tokens=400)
+    ahead, _ = open_session(sch, gate, clock, "ahead")
+    dry, _ = open_session(sch, gate, clock, "dry")
+    run(sch, clock, 60, dt=0.001)  # both past their first audio and priority tokens
+    assert ahead.first_audio_at is not None and dry.first_audio_at is not None
+    ahead.audio_samples += 24000 * 5  # its listener holds 5 s more audio
+    engine.chosen_log.clear()
+    run(sch, clock, 10, dt=0.001)
+    assert all(c == ["dry#0"] for c in engine.chosen_log)
+    # a fair scheduler would have alternated
+    policy = FairPolicy(sch.cfg)
+    assert policy.choose([ahead, dry], 1, step=100, now=clock())[0] in (ahead, dry)
+    assert DeadlinePolicy(sch.cfg).choose([ahead, dry], 1, step=sch.step_count, now=clock()) == [dry]
+
+
+def test_overload_is_refused_at_once_with_a_retry_estimate():
+    gate = AdmissionGate(max_active=2, max_pending=1)
+    for _ in range(3):
+        gate.enter()
+    with pytest.raises(Overloaded) as info:
+        gate.enter()
+    assert info.value.retry_after_s > 0 and "retry after" in str(info.value)
+    gate.leave(duration_s=4.0)
+    gate.enter()  # a place came free
+
+
+def test_pending_queue_is_served_in_order_as_slots_free():
+    sch, engine, clock, gate = make(capacity=2, batch=2, tokens=14)
+    sessions = [open_session(sch, gate, clock, f"s{i}") for i in range(5)]
+    run(sch, clock, 1)
+    assert len(sch.active) == 2 and len(sch.pending) == 3
+    run(sch, clock, 200)
+    assert [done(ev).outcome for _, ev in sessions] == ["finished"] * 5
+    firsts = [s.first_audio_at for s, _ in sessions]
+    assert firsts == sorted(firsts)
+    assert gate.inside == 0 and not sch.active and not engine.has_work()
+
+
+def test_session_timeout_cancels_and_frees_the_slot():
+    sch, engine, clock, gate = make(capacity=2, tokens=10_000, session_timeout_s=5.0)
+    s, events = open_session(sch, gate, clock, "long")
+    run(sch, clock, 10)
+    clock.advance(5.1)
+    run(sch, clock, 2)
+    assert done(events).outcome == "cancelled" and done(events).reason == "timeout"
+    assert engine.stats().active == 0 and gate.inside == 0
+
+
+def test_a_consumer_that_stops_reading_is_cancelled():
+    sch, engine, clock, gate = make(capacity=2, tokens=10_000, output_queue_chunks=4, consumer_timeout_s=2.0)
+    reader, r_events = open_session(sch, gate, clock, "reader")
+    stalled, s_events = open_session(sch, gate, clock, "stalled")
+    for _ in range(400):
+        sch.step()
+        clock.advance(0.01)
+        reader.consumed = sum(isinstance(e, ChunkEvent) for e in r_events)  # keeps up
+        if done(s_events):
+            break
+    assert done(s_events).reason == "slow_consumer"
+    assert sum(isinstance(e, ChunkEvent) for e in s_events) >= 4
+    assert done(r_events) is None and reader.status == "active"  # the reader is unaffected
+
+
+def test_cancel_pending_and_active_sessions():
+    sch, engine, clock, gate = make(capacity=1, batch=1)
+    a, a_ev = open_session(sch, gate, clock, "a")
+    b, b_ev = open_session(sch, gate, clock, "b")
+    run(sch, clock, 3)
+    sch.cancel("b")  # pending
+    sch.cancel("a")  # active
+    run(sch, clock, 2)
+    assert (done(a_ev).outcome, done(b_ev).outcome) == ("cancelled", "cancelled")
+    assert gate.inside == 0 and not engine.has_work()
+
+
+def test_an_engine_error_fails_only_its_session():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=20)
+    engine.fail_request = "bad#0"
+    good, g_ev = open_session(sch, gate, clock, "good")
+    bad, b_ev = open_session(sch, gate, clock, "bad")
+    run(sch, clock, 100)
+    assert done(b_ev).outcome == "failed" and "simulated device fault" in done(b_ev).reason
+    assert done(g_ev).outcome == "finished"
+
+
+def test_segments_generate_in_order_and_the_next_prefills_early():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21)
+    s, events = open_session(sch, gate, clock, "long", segments=3)
+    run(sch, clock, 2)
+    assert engine.stats().active + engine.stats().waiting == 2  # segment 1 prefilled ahead
+    decoded_second_before_first_done = any("long#1" in c for c in engine.chosen_log[:21])
+    run(sch, clock, 200)
+    assert not decoded_second_before_first_done
+    chunks = [e for e in events if isinstance(e, ChunkEvent)]
+    assert done(events).outcome == "finished"
+    assert sum(len(c.pcm) for c in chunks) == 3 * 3 * 2048  # 21 tokens = 3 frames per segment
+    assert [c.offset for c in chunks] == [sum(len(x.pcm) for x in chunks[:i]) for i in range(len(chunks))]
