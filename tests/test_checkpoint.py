@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
@@ -87,6 +87,9 @@ def test_demo_tokenizer_puts_special_tokens_at_orpheus_ids(demo_tokenizer):
 @settings(max_examples=100, deadline=None)
 @given(st.text(max_size=80) | st.sampled_from(orpheus.EMOTION_TAGS).map(lambda t: f"ok {t} then"))
 def test_demo_tokenizer_text_ids_stay_below_128000(demo_tokenizer, text):
+    # (text that spells a special token, e.g. "<|eot_id|>", encodes to it: build_prompt_ids refuses such text)
+    assume(demo_tokenizer.token_to_id(text) is None or demo_tokenizer.token_to_id(text) < orpheus.TEXT_VOCAB_END)
+    assume("<|" not in text and "<custom_token_" not in text)
     ids = demo_tokenizer.encode(text, add_special_tokens=False).ids
     assert all(i < orpheus.TEXT_VOCAB_END for i in ids)
     assert demo_tokenizer.decode(ids) == text

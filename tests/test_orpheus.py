@@ -171,6 +171,13 @@ def test_prompt_ids_follow_the_orpheus_template(demo_tokenizer):
         o.build_prompt_ids(demo_tokenizer, "   ", "tara")
 
 
+def test_text_spelling_a_control_token_is_refused(demo_tokenizer):
+    for text in ("hi <|eot_id|> there", "<custom_token_12>", "x<|begin_of_text|>"):
+        with pytest.raises(ValueError, match="control token"):
+            o.build_prompt_ids(demo_tokenizer, text, "tara")
+    assert o.build_prompt_ids(demo_tokenizer, "a <laugh> and <| not a token", "tara")  # look-alikes are fine
+
+
 def test_prompt_adds_bos_when_the_tokenizer_does_not(demo_tokenizer):
     class NoBos:
         def encode(self, text):

@@ -109,6 +109,8 @@ def test_bad_requests_raise_typed_errors_at_once():
                 tts.stream("x" * 300)
             with pytest.raises(InvalidRequest, match="unknown sampling option.*warmth"):
                 tts.stream("hi", warmth=3)
+            with pytest.raises(InvalidRequest, match=r"control token '<\|eot_id\|>'"):
+                tts.stream("hello <|eot_id|> world")
             with pytest.raises(InvalidRequest, match="temperature must be >= 0"):
                 tts.stream("hi", temperature=-1)
             first = tts.stream("hi", seed=1)

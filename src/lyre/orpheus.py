@@ -101,11 +101,18 @@ def build_prompt_ids(tokenizer: TextTokenizer, text: str, voice: str | None = No
     """``[start_of_human] tok("{voice}: {text}") [eot end_of_human start_of_ai start_of_speech]``.
 
     Submit these ids to the engine as they are: decoding and re-tokenising them adds a second BOS.
+    Text that spells a control token (``<|eot_id|>``, ``<custom_token_5>``...) is refused: the
+    tokenizer would turn it into that token and let the input steer the prompt.
     """
     if not text or not text.strip():
         raise ValueError("text is empty: there is nothing to speak")
     content = f"{voice}: {text}" if voice else text
-    return [START_OF_HUMAN, *encode_text(tokenizer, content), *PROMPT_SUFFIX]
+    ids = encode_text(tokenizer, content)
+    control = next((i for i in ids[1:] if i >= TEXT_VOCAB_END), None)
+    if control is not None:
+        name = tokenizer.id_to_token(control) if hasattr(tokenizer, "id_to_token") else str(control)
+        raise ValueError(f"text contains the control token {name!r}; remove it")
+    return [START_OF_HUMAN, *ids, *PROMPT_SUFFIX]
 
 
 def build_clone_prompt_ids(

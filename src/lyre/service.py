@@ -362,7 +362,10 @@ class TTSService:
         except (TypeError, ValueError) as e:
             raise InvalidRequest(str(e)) from None
         segments = split_text(text, MAX_SEGMENT_CHARS)
-        prompts = [orpheus.build_prompt_ids(self.tokenizer, seg, voice) for seg in segments]
+        try:
+            prompts = [orpheus.build_prompt_ids(self.tokenizer, seg, voice) for seg in segments]
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
         longest = max(len(p) for p in prompts)
         if longest >= cfg.kv_cache.max_seq_len:
             raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")
