@@ -71,6 +71,16 @@ else
   echo "$stamp" >"$stamp_file"
 fi
 
+# gRPC stubs from protos/ (generated, not committed); regenerated when a .proto is newer.
+proto=protos/lyre/v1/tts.proto
+stub=src/lyre/v1/tts_pb2_grpc.py
+if [ ! -f "$stub" ] || [ "$proto" -nt "$stub" ]; then
+  say "generating gRPC stubs from $proto"
+  mkdir -p src/lyre/v1
+  .venv/bin/python -m grpc_tools.protoc -Iprotos --python_out=src --pyi_out=src --grpc_python_out=src "$proto" \
+    || fail "could not generate the gRPC stubs"
+fi
+
 say "preparing the default model"
 .venv/bin/python -m lyre.checkpoint resolve || fail "could not prepare the default model"
 say "done"

@@ -126,7 +126,7 @@ def _default_profiles() -> dict[str, TuningProfile]:
 @dataclass(frozen=True)
 class ServerConfig:
     host: str = "0.0.0.0"
-    port: int = _f(8000, ge=1, le=65535)
+    port: int = _f(8000, ge=0, le=65535)
     grpc_port: int = _f(50051, ge=0, le=65535)
     max_body_bytes: int = _f(262144, ge=1024)
     drain_timeout_s: float = _f(10.0, ge=0.0)

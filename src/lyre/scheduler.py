@@ -473,6 +473,7 @@ class Scheduler:
         metrics = {
             "ttfb_ms": None if s.first_audio_at is None else 1000 * (s.first_audio_at - s.created),
             "tokens": s.tokens,
+            "prompt_tokens": sum(len(seg.prompt_ids) for seg in s.segments),
             "audio_seconds": s.audio_seconds,
             "elapsed_s": duration,
             "real_time_factor": (duration / s.audio_seconds) if s.audio_seconds else None,

@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""Lyre production server: REST + WebSocket (aiohttp) and gRPC (grpc.aio) over one engine.
+
+  python production_server.py --config config/model_config.yaml --port 8000 [--grpc-port 50051]
+                              [--host 0.0.0.0] [--set section.key=value ...]
+
+On SIGINT/SIGTERM it stops accepting requests (health turns 503), lets in-flight streams finish
+within server.drain_timeout_s, cancels the rest and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from lyre import checkpoint
+from lyre.api.common import InFlight
+from lyre.api.http import create_app
+from lyre.config import ConfigError, add_config_arguments, apply_overrides, config_from_args
+from lyre.service import TTSService
+
+log = logging.getLogger("lyre.server")
+
+
+async def serve(service: TTSService) -> int:
+    cfg = service.config.server
+    inflight = InFlight()
+    async with service:
+        runner = web.AppRunner(create_app(service, inflight), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        http_port = runner.addresses[0][1] if runner.addresses else cfg.port
+        grpc_server = health = None
+        grpc_port = 0
+        if cfg.grpc_port:
+            from lyre.api.grpc import start_grpc
+
+            grpc_server, grpc_port, health = await start_grpc(service, inflight, cfg.host, cfg.grpc_port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        model = service.model
+        log.info("model: %s; backend: torch", model.source)
+        if model.is_demo:
+            log.warning("serving the DEMO checkpoint: every response is NOISE, not speech")
+        # Tests and scripts wait for this line.
+        print(f"Lyre ready: http://{cfg.host}:{http_port} grpc {cfg.host}:{grpc_port or 'off'}", flush=True)
+        await stop.wait()
+
+        log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
+        inflight.draining = True
+        if health is not None:
+            await health.enter_graceful_shutdown()
+        drained = await inflight.wait_idle(cfg.drain_timeout_s)
+        if not drained:
+            log.warning("drain timeout: cancelling %d stream(s)", inflight.count)
+        if grpc_server is not None:
+            await grpc_server.stop(grace=0 if not drained else 1)
+        await site.stop()
+        await runner.cleanup()
+    log.info("stopped")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(p)
+    p.add_argument("--host", help="interface (default: server.host)")
+    p.add_argument("--port", type=int, help="REST + WebSocket port (default: server.port; 0 = any free port)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default: server.grpc_port; 0 = off)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        overrides = {f"server.{k}": v for k, v in (("host", args.host), ("port", args.port),
+                                                   ("grpc_port", args.grpc_port)) if v is not None}
+        cfg = apply_overrides(cfg, overrides)
+        service = TTSService(cfg)
+        return asyncio.run(serve(service))
+    except (ConfigError, checkpoint.CheckpointError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

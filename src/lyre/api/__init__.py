@@ -1,0 +1,1 @@
+"""Front ends: REST + WebSocket (aiohttp) and gRPC (grpc.aio). No model logic lives here."""

@@ -1,0 +1,167 @@
+"""REST: the OpenAI SDK and plain HTTP against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import struct
+
+import aiohttp
+import av
+import numpy as np
+import pytest
+import soundfile as sf
+from openai import OpenAI
+
+from .conftest import MAX_TOKENS, SECONDS
+
+
+def decoded_seconds(data: bytes) -> float:
+    with av.open(io.BytesIO(data)) as c:
+        s = c.streams.audio[0]
+        return sum(f.samples for f in c.decode(s)) / s.rate
+
+
+@pytest.fixture(scope="module")
+def openai_client(server):
+    return OpenAI(base_url=server.http + "/v1", api_key="unused")
+
+
+def test_openai_sdk_wav_and_pcm(openai_client):
+    wav = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Hello world", response_format="wav",
+                                            extra_body={"seed": 1})
+    audio, rate = sf.read(io.BytesIO(wav.content), dtype="int16")
+    assert rate == 24000 and len(audio) == 4 * 2048
+    pcm = openai_client.audio.speech.create(model="orpheus", voice="leo", input="Hello world", response_format="pcm")
+    assert len(pcm.content) == 4 * 2048 * 2
+
+
+def test_openai_sdk_streaming_response(openai_client):
+    with openai_client.audio.speech.with_streaming_response.create(
+            model="orpheus", voice="tara", input="Streaming now", response_format="wav") as response:
+        parts = list(response.iter_bytes())
+    data = b"".join(parts)
+    riff_size, = struct.unpack("<I", data[4:8])
+    data_size, = struct.unpack("<I", data[40:44])
+    assert riff_size == data_size == 0xFFFFFFFF  # streaming WAV: length unknown up front
+    assert (len(data) - 44) // 2 == 4 * 2048
+
+
+@pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
+def test_compressed_formats_decode_to_the_right_duration(openai_client, fmt):
+    data = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Compressed", response_format=fmt).content
+    assert abs(decoded_seconds(data) - SECONDS) < 0.08
+
+
+@pytest.mark.parametrize("fmt, rate, per_sample", [("mulaw", None, 1), ("alaw", None, 1), ("pcm", 16000, 2),
+                                                   ("mulaw", 16000, 1)])
+def test_telephony_formats_and_resampling(server, fmt, rate, per_sample):
+    async def go():
+        body = {"input": "Telephony", "voice": "tara", "response_format": fmt, **({"sample_rate": rate} if rate else {})}
+        async with aiohttp.ClientSession() as s, s.post(server.http + "/v1/audio/speech", json=body) as r:
+            return r.status, r.headers, await r.read()
+
+    status, headers, data = asyncio.run(go())
+    out_rate = rate or 8000
+    assert status == 200 and headers["X-Sample-Rate"] == str(out_rate)
+    assert abs(len(data) / per_sample - SECONDS * out_rate) <= 2
+
+
+def test_wav_at_another_sample_rate(server):
+    async def go():
+        body = {"text": "Seed style request", "voice": "tara", "sample_rate": 8000}
+        async with aiohttp.ClientSession() as s, s.post(server.http + "/v1/audio/speech", json=body) as r:
+            return r.headers["Content-Type"], await r.read()
+
+    ctype, data = asyncio.run(go())
+    audio, rate = sf.read(io.BytesIO(data), dtype="int16")
+    assert ctype == "audio/wav" and rate == 8000 and abs(len(audio) - SECONDS * 8000) <= 2
+
+
+def test_sse_stream_format(server):
+    async def go():
+        body = {"input": "Events please", "voice": "tara", "response_format": "pcm", "stream_format": "sse"}
+        async with aiohttp.ClientSession() as s, s.post(server.http + "/v1/audio/speech", json=body) as r:
+            return r.headers["Content-Type"], await r.text()
+
+    ctype, text = asyncio.run(go())
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    assert ctype.startswith("text/event-stream")
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["output_tokens"] == MAX_TOKENS and events[-1]["usage"]["input_tokens"] > 0
+    assert sum(len(base64.b64decode(d["audio"])) for d in deltas) == 4 * 2048 * 2
+
+
+BAD_REQUESTS = [
+    (b"{not json", 400, "invalid_request"),
+    (b"[1, 2]", 400, "invalid_request"),
+    ({"voice": "tara"}, 400, "invalid_request"),
+    ({"input": "", "voice": "tara"}, 400, "invalid_request"),
+    ({"input": 42, "voice": "tara"}, 400, "invalid_request"),
+    ({"input": "x" * 300, "voice": "tara"}, 422, "text_too_long"),
+    ({"input": "hi", "voice": "bob"}, 404, "unknown_voice"),
+    ({"input": "hi", "voice": 7}, 400, "invalid_request"),
+    ({"input": "hi", "response_format": "ogg-vorbis"}, 422, "unsupported_format"),
+    ({"input": "hi", "response_format": "wav", "sample_rate": 96000}, 422, "unsupported_format"),
+    ({"input": "hi", "response_format": "opus", "sample_rate": 22050}, 422, "unsupported_format"),
+    ({"input": "hi", "speed": 1.5}, 422, "out_of_range"),
+    ({"input": "hi", "speed": "fast"}, 400, "invalid_request"),
+    ({"input": "hi", "temperature": -0.5}, 422, "out_of_range"),
+    ({"input": "hi", "top_p": 2}, 422, "out_of_range"),
+    ({"input": "hi", "max_tokens": 2.5}, 400, "invalid_request"),
+    ({"input": "hi", "seed": "abc"}, 400, "invalid_request"),
+    ({"input": "hi", "stream_format": "chunks"}, 422, "out_of_range"),
+    ({"input": "hi <|eot_id|> there"}, 400, "invalid_request"),
+    ({"input": "x" * 300_000}, 413, "request_too_large"),
+]
+
+
+@pytest.mark.parametrize("body, status, code", BAD_REQUESTS, ids=[f"{i}-{c}" for i, (_, _, c) in enumerate(BAD_REQUESTS)])
+def test_bad_input_gets_a_clear_json_error(server, body, status, code):
+    async def go():
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        async with aiohttp.ClientSession() as s, s.post(server.http + "/v1/audio/speech", data=data,
+                                                          headers={"Content-Type": "application/json"}) as r:
+            return r.status, await r.json()
+
+    got_status, payload = asyncio.run(go())
+    assert got_status == status, payload
+    assert payload["error"]["code"] == code and payload["error"]["message"] and payload["error"]["type"]
+
+
+def test_unknown_route_and_method_are_json_errors(server):
+    status, body = server.get("/v1/nothing-here")
+    assert status == 404 and body["error"]["code"] == "not_found"
+
+
+def test_info_endpoints(server):
+    status, health = server.get("/health")
+    assert status == 200 and health["status"] == "ok" and health["demo"] is True
+    status, voices = server.get("/v1/voices")
+    assert [v["name"] for v in voices["voices"]][:2] == ["tara", "leah"] and voices["default"] == "tara"
+    stats = server.stats()
+    assert set(stats) >= {"scheduler", "kv_cache", "total_tokens", "total_batches"}
+    assert set(stats["scheduler"]) >= {"total_sessions", "active_sessions", "pending_sessions", "max_concurrent"}
+    assert set(stats["kv_cache"]) == {"used_slots", "free_slots"}
+    status, text = server.get("/metrics")
+    assert status == 200 and "lyre_ttfb_seconds_bucket" in text and "lyre_kv_slots_used" in text
+
+
+def test_abrupt_disconnects_mid_stream_free_every_slot(server):
+    async def go():
+        body = {"input": "A long answer that the caller hangs up on.", "voice": "tara", "response_format": "pcm",
+                "max_tokens": 700}
+        for _ in range(6):
+            async with aiohttp.ClientSession() as s:
+                r = await s.post(server.http + "/v1/audio/speech", json=body)
+                assert r.status == 200
+                await r.content.readany()  # the first audio arrives ...
+                r.close()  # ... and the caller hangs up
+
+    asyncio.run(go())
+    stats = server.eventually_idle()
+    assert stats["kv_cache"]["free_slots"] == 8
+    assert server.get("/health")[0] == 200
