@@ -15,6 +15,12 @@ def readme_test_command() -> str:
     return block.group(1).strip()
 
 
+def test_readme_first_command_sets_up_and_starts_the_server():
+    readme = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"Set up and start the server.*?```bash\n(.*?)\n```", readme, re.S)
+    assert block and block.group(1).startswith("./setup.sh && ") and "production_server.py" in block.group(1)
+
+
 def test_ci_runs_the_readme_test_command_verbatim_and_fails_on_no_tests():
     command = readme_test_command()
     assert "setup.sh" in command and "pytest" in command

@@ -10,7 +10,6 @@ import struct
 
 import aiohttp
 import av
-import numpy as np
 import pytest
 import soundfile as sf
 from openai import OpenAI
