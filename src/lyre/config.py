@@ -192,27 +192,23 @@ def load_config(
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(loaded).__name__}")
         raw = loaded
+    return _from_raw(raw, overrides, f"in {source}{' with overrides' if overrides else ''}")
+
+
+def apply_overrides(cfg: LyreConfig, overrides: Sequence[str] | Mapping[str, Any]) -> LyreConfig:
+    """``cfg`` with dotted ``overrides`` applied and validated as load_config does."""
+    return _from_raw(config_to_dict(cfg), overrides, "with overrides")
+
+
+def _from_raw(raw: dict[str, Any], overrides: Sequence[str] | Mapping[str, Any], where: str) -> LyreConfig:
     for key, value in _parse_overrides(overrides):
         _set_dotted(raw, key, value)
     try:
         cfg = _build(LyreConfig, raw, "")
         _check_relations(cfg)
     except ConfigError as e:
-        raise ConfigError(f"{e} (in {source}{' with overrides' if overrides else ''})") from None
+        raise ConfigError(f"{e} ({where})") from None
     return cfg
-
-
-def apply_overrides(cfg: LyreConfig, overrides: Sequence[str] | Mapping[str, Any]) -> LyreConfig:
-    """``cfg`` with dotted ``overrides`` applied and validated as load_config does."""
-    raw = config_to_dict(cfg)
-    for key, value in _parse_overrides(overrides):
-        _set_dotted(raw, key, value)
-    try:
-        new = _build(LyreConfig, raw, "")
-        _check_relations(new)
-    except ConfigError as e:
-        raise ConfigError(f"{e} (with overrides)") from None
-    return new
 
 
 def _parse_overrides(overrides: Sequence[str] | Mapping[str, Any]) -> list[tuple[str, Any]]:

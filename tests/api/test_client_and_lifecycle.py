@@ -116,3 +116,29 @@ def test_bad_startup_config_exits_with_a_message():
     run = subprocess.run([sys.executable, "production_server.py", "--set", "scheduler.max_batch_size=0"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert run.returncode == 1 and "scheduler.max_batch_size" in run.stderr and "must be >= 1" in run.stderr
+
+
+def test_overload_is_429_with_retry_after_and_resource_exhausted_over_grpc():
+    srv = start_server("--set", "scheduler.max_concurrent_sessions=1", "--set", "scheduler.max_batch_size=1",
+                       "--set", "scheduler.max_pending=0")
+    try:
+        async def go():
+            async with aiohttp.ClientSession() as s:
+                busy = await s.post(srv.http + "/v1/audio/speech",
+                                    json={"input": "hold the line", "response_format": "pcm", "max_tokens": 600})
+                await busy.content.readany()  # the only slot is taken
+                r = await s.post(srv.http + "/v1/audio/speech", json={"input": "me too"})
+                rest = (r.status, r.headers.get("Retry-After"), (await r.json())["error"]["code"])
+                async with grpc.aio.insecure_channel(srv.grpc) as channel:
+                    stub = tts_pb2_grpc.TextToSpeechStub(channel)
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        await stub.Synthesize(tts_pb2.SynthesizeRequest(text="me too"))
+                busy.close()
+            return rest, info.value.code()
+
+        rest, grpc_code = asyncio.run(go())
+        assert rest[0] == 429 and int(rest[1]) >= 1 and rest[2] == "overloaded"
+        assert grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert srv.eventually_idle()["kv_cache"]["free_slots"] == 1
+    finally:
+        stop_server(srv)

@@ -175,8 +175,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
                 info = classify(e)
                 await _sse(resp, {"type": "error", "error": {"message": str(e), "type": info.type,
                                                              "code": error_code(e)}})
-            else:
-                request.transport and request.transport.close()
+            else:  # cut the body short so the client sees an incomplete response, not a short file
+                if request.transport is not None:
+                    request.transport.close()
                 return resp
         finally:
             await stream.aclose()  # a client that went away cancels the synthesis
