@@ -1,14 +1,20 @@
 #!/usr/bin/env python
 """Lyre benchmarks.
 
-  python benchmark.py --mode engine  [--concurrency 1,4,16] [--max-tokens 256] [--output FILE]
-  python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline] [--output FILE]
+  python benchmark.py --mode scaling --concurrent 32 [--find-max --slo "success=1.0,ttfb_p95_ms=150,underruns=0"]
+  python benchmark.py --mode all --requests 100 --concurrent 16 --output results.json
+  python benchmark.py --mode tuning
+  python benchmark.py --mode engine  [--concurrency 1,4,16] [--max-tokens 256]
+  python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline]
 
---mode engine: tokens/s of the PyTorch token engine at each concurrency, and of transformers'
-generate run sequentially on the same weights and prompts, in one run.
---mode service: concurrent streams through the library API (TTSService): TTFB p50/p95, streams
-that stayed real time (no underrun of a player starting at the first chunk), per policy.
-The load-scaling modes of seed 004 (scaling, all, tuning) arrive with the production server.
+scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
+runs already, else a server the benchmark starts from --config/--set and stops by its process id.
+Per request: TTFB, real-time factor, underruns of a player that starts at the first byte. Per run:
+TTFB p50/p95/p99, underruns and share of streams with none, success rate, audio seconds per wall
+second, and the server's tokens/s from /v1/stats. --baseline transformers measures the peer (the
+same checkpoint served with transformers generate + SNAC, one request at a time) in the same run.
+engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential.
+service: streams through the library API (no network), per scheduler policy.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 
 from lyre import checkpoint
 from lyre.benchmarks import engine as engine_bench
+from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 
@@ -35,42 +42,82 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["engine", "service"], required=True)
+    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service"], required=True)
     add_config_arguments(p)
-    p.add_argument("--checkpoint", type=Path, help="Llama checkpoint directory (default: the configured model)")
-    p.add_argument("--concurrency", type=_int_list, default=None,
-                   help="levels (default: 1,4,16 for engine, 1,8,16 for service)")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens generated per request (default 256)")
-    p.add_argument("--policies", default="fair,deadline", help="service mode: scheduler policies to compare")
-    p.add_argument("--baseline-requests", type=int, default=2,
-                   help="requests transformers generates one after another (default 2)")
-    p.add_argument("--output", type=Path, help="write the figures as JSON")
+    load = p.add_argument_group("load (scaling, all, tuning)")
+    load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
+    load.add_argument("--url", help="a running server's http://host:port (default: start one)")
+    load.add_argument("--grpc-url", help="its gRPC host:port, with --protocol grpc and --url")
+    load.add_argument("--concurrent", type=int, default=16, help="most concurrent users (default 16)")
+    load.add_argument("--levels", type=_int_list, help="concurrency levels to sweep (default 1,2,4,... --concurrent)")
+    load.add_argument("--requests", type=int, help="requests per measurement (default 2 x users, at least 4)")
+    load.add_argument("--rps", type=float, default=1.0, help="open-loop Poisson arrival rate in --mode all")
+    load.add_argument("--texts", help="built-in set (conversational, longform) or a file with one text per line")
+    load.add_argument("--voice", help="voice for every request (default: the server's)")
+    load.add_argument("--api-key", help="Bearer token for a server that needs one")
+    load.add_argument("--find-max", action="store_true", help="bisect for the largest concurrency meeting --slo")
+    load.add_argument("--slo", default="success=1.0,ttfb_p95_ms=150,underruns=0",
+                      help='objectives, e.g. "success=1.0,ttfb_p95_ms=150,underruns=0"')
+    load.add_argument("--baseline", choices=["transformers"], help="also measure the peer and report ratios")
+    load.add_argument("--plot", type=Path, help="PNG: TTFB p50/p95 and real-time streams against concurrency")
+    load.add_argument("--grid-policies", default="fair,deadline", help="tuning grid: policies")
+    load.add_argument("--grid-batch", default="8,16", help="tuning grid: max_batch_size values")
+    load.add_argument("--grid-flush", default="7:14,7:28", help="tuning grid: first:every flush sizes in tokens")
+    p.add_argument("--policies", help="scheduler policies to compare (service mode: default fair,deadline; "
+                                      "scaling: one server per policy)")
+    p.add_argument("--max-tokens", type=int, help="tokens per request (engine/service default 256; load modes: "
+                                                  "the server's sampling.max_tokens)")
+    p.add_argument("--checkpoint", type=Path, help="engine mode: Llama checkpoint directory")
+    p.add_argument("--concurrency", type=_int_list, help="engine/service levels (default 1,4,16 / 1,8,16)")
+    p.add_argument("--baseline-requests", type=int, default=2, help="engine mode: sequential transformers requests")
+    p.add_argument("--output", type=Path, help="write every figure, the settings and the machine as JSON")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
         cfg = config_from_args(args)
-        say = lambda m: print(m, file=sys.stderr)  # noqa: E731
         if args.mode == "engine":
             model_dir = args.checkpoint or checkpoint.resolve_model(cfg.model, cfg.codec).llama_dir
-            result = engine_bench.run(cfg, model_dir, args.concurrency or [1, 4, 16], args.max_tokens,
+            result = engine_bench.run(cfg, model_dir, args.concurrency or [1, 4, 16], args.max_tokens or 256,
                                       args.baseline_requests, progress=say)
             text = engine_bench.table(result)
-        else:
-            policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        elif args.mode == "service":
+            policies = [x.strip() for x in (args.policies or "fair,deadline").split(",") if x.strip()]
             if not policies or set(policies) - {"fair", "deadline"}:
                 p.error("--policies takes fair and/or deadline")
-            result = service_bench.run(cfg, args.concurrency or [1, 8, 16], policies, args.max_tokens, progress=say)
+            result = service_bench.run(cfg, args.concurrency or [1, 8, 16], policies, args.max_tokens or 256,
+                                       progress=say)
             text = service_bench.table(result)
-    except (ConfigError, checkpoint.CheckpointError, ValueError) as e:
+        else:
+            if args.protocol == "grpc" and args.url and not args.grpc_url:
+                p.error("--protocol grpc with --url needs --grpc-url host:port")
+            if args.policies and set(args.policies.split(",")) - {"fair", "deadline"}:
+                p.error("--policies takes fair and/or deadline")
+            run = {"scaling": scaling.run_scaling, "all": scaling.run_all}.get(args.mode)
+            result = run(args, say) if run else scaling.run_tuning(args, cfg, say)
+            result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+            result["machine"] = scaling.machine()
+            text = scaling.summary_text(result)
+            if args.plot:
+                if "engines" not in result:
+                    p.error("--plot draws the concurrency sweep of --mode scaling or all")
+                scaling.plot(result, args.plot)
+                say(f"wrote {args.plot}")
+    except (ConfigError, checkpoint.CheckpointError, ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(text)
     if args.output:
         args.output.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.output}", file=sys.stderr)
+        say(f"wrote {args.output}")
     return 0
 
 

@@ -47,7 +47,7 @@ async def serve(service: TTSService) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         model = service.model
-        log.info("model: %s; backend: torch", model.source)
+        log.info("model: %s; backend: %s", model.source, type(service).__name__)
         if model.is_demo:
             log.warning("serving the DEMO checkpoint: every response is NOISE, not speech")
         # Tests and scripts wait for this line.
@@ -76,6 +76,9 @@ def main(argv=None) -> int:
     p.add_argument("--host", help="interface (default: server.host)")
     p.add_argument("--port", type=int, help="REST + WebSocket port (default: server.port; 0 = any free port)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default: server.grpc_port; 0 = off)")
+    p.add_argument("--baseline", choices=["transformers"],
+                   help="serve the benchmark peer instead of Lyre's engine: transformers generate + one SNAC "
+                        "decode, one request at a time (for benchmark.py --baseline)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -83,7 +86,12 @@ def main(argv=None) -> int:
         overrides = {f"server.{k}": v for k, v in (("host", args.host), ("port", args.port),
                                                    ("grpc_port", args.grpc_port)) if v is not None}
         cfg = apply_overrides(cfg, overrides)
-        service = TTSService(cfg)
+        if args.baseline:
+            from lyre.benchmarks.baseline import TransformersBaseline
+
+            service = TransformersBaseline(cfg)
+        else:
+            service = TTSService(cfg)
         return asyncio.run(serve(service))
     except (ConfigError, checkpoint.CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,104 @@
+"""benchmark.py's load modes (scaling, find-max, all, tuning, the peer), run briefly on the demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lyre.benchmarks.load import find_max, meets, parse_slo, percentile
+
+from ..conftest import REPO_ROOT
+
+QUICK = ["--set", "sampling.max_tokens=14", "--set", "codec.noise=false", "--set", "scheduler.max_concurrent_sessions=8",
+         "--set", "scheduler.max_batch_size=8"]
+FIGURES = {"requests", "success_rate", "ttfb_ms_p50", "ttfb_ms_p95", "ttfb_ms_p99", "underruns",
+           "streams_without_underrun", "real_time_streams", "audio_s_per_wall_s", "server_tokens_per_s", "rtf_p50",
+           "per_request"}
+
+
+def bench(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmark.py", *args], capture_output=True, text=True, cwd=REPO_ROOT,
+                          timeout=timeout)
+
+
+def test_scaling_with_slo_search_plot_and_peer(tmp_path):
+    out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
+    run = bench("--mode", "scaling", "--levels", "1,2", "--requests", "2", "--find-max",
+                "--slo", "success=1.0,ttfb_p95_ms=60000", "--baseline", "transformers", "--plot", str(png),
+                "--output", str(out), *QUICK)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    lyre = result["engines"]["lyre"]
+    assert [lv["concurrency"] for lv in lyre["levels"]] == [1, 2]
+    for entry in result["engines"].values():
+        for lv in entry["levels"]:
+            assert FIGURES <= set(lv) and lv["success_rate"] == 1.0 and len(lv["per_request"]) == 2
+            assert lv["ttfb_ms_p50"] <= lv["ttfb_ms_p95"] <= lv["ttfb_ms_p99"]
+            assert lv["server_tokens_per_s"] > 0
+    # The search agrees with the sweep: every level met this lenient SLO, so the answer is the top one.
+    assert all(meets(lv, parse_slo("success=1.0,ttfb_p95_ms=60000")) for lv in lyre["levels"])
+    assert lyre["find_max"]["max_concurrency"] == 2
+    ratios = result["ratios_vs_transformers"]["lyre"]
+    assert [r["concurrency"] for r in ratios] == [1, 2] and all(r["server_tokens_per_s"] > 0 for r in ratios)
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert result["machine"]["python"] and result["settings"]["mode"] == "scaling"
+    assert "lyre / transformers at 2 users" in run.stdout and "largest concurrency meeting" in run.stdout
+
+
+def test_an_impossible_slo_finds_zero(tmp_path):
+    out = tmp_path / "r.json"
+    run = bench("--mode", "scaling", "--levels", "1", "--requests", "1", "--find-max", "--slo", "ttfb_p95_ms=0.001",
+                "--protocol", "rest", "--output", str(out), *QUICK)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(out.read_text())["engines"]["lyre"]["find_max"]["max_concurrency"] == 0
+
+
+def test_all_mode_against_a_running_server_over_grpc(server, tmp_path):
+    out = tmp_path / "all.json"
+    run = bench("--mode", "all", "--requests", "3", "--concurrent", "2", "--rps", "20", "--protocol", "grpc",
+                "--url", server.http, "--grpc-url", server.grpc, "--output", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    for key in ("single", "closed_loop", "open_loop"):
+        assert FIGURES <= set(result[key]) and result[key]["success_rate"] == 1.0
+    assert result["open_loop"]["rps"] == 20 and result["closed_loop"]["concurrency"] == 2
+    assert [lv["concurrency"] for lv in result["engines"]["lyre"]["levels"]] == [1, 2]
+
+
+def test_tuning_mode_restarts_the_server_per_setting_and_names_the_best(tmp_path):
+    out = tmp_path / "tuning.json"
+    run = bench("--mode", "tuning", "--grid-policies", "fair,deadline", "--grid-batch", "4", "--grid-flush", "7:14",
+                "--requests", "2", "--set", "tuning.conversational.target_concurrent=2",
+                "--set", "tuning.longform.target_concurrent=1", "--protocol", "rest", "--output", str(out), *QUICK)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert set(result["profiles"]) == {"conversational", "longform"}
+    for profile in result["profiles"].values():
+        assert len(profile["points"]) == 2 and profile["best"]["policy"] in ("fair", "deadline")
+    assert "best: {" in run.stdout
+
+
+def test_bad_arguments_are_refused(tmp_path):
+    assert "--slo" in bench("--mode", "scaling", "--levels", "1", "--find-max", "--slo", "fast=1", *QUICK).stderr
+    missing = bench("--mode", "scaling", "--texts", str(tmp_path / "nope.txt"), "--levels", "1")
+    assert missing.returncode == 1 and "neither a built-in set" in missing.stderr
+    grpc_url = bench("--mode", "scaling", "--protocol", "grpc", "--url", "http://127.0.0.1:1")
+    assert grpc_url.returncode == 2 and "--grpc-url" in grpc_url.stderr
+
+
+def test_find_max_bisects_to_the_boundary():
+    seen = []
+
+    def measure(n):
+        seen.append(n)
+        return {"success_rate": 1.0, "ttfb_ms_p50": 10.0 * n, "ttfb_ms_p95": 10.0 * n, "ttfb_ms_p99": 10.0 * n,
+                "underruns": 0, "streams_without_underrun": 1.0}
+
+    best, tried = find_max(measure, parse_slo("ttfb_p95_ms=125"), 32)
+    assert best == 12 and len(seen) <= 7 and sorted(seen) == [t["ttfb_ms_p95"] / 10 for t in tried]
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
+    with pytest.raises(ValueError):
+        parse_slo("ttfb_p95_ms=abc")
