@@ -38,6 +38,7 @@ def test_service_mode_reports_ttfb_and_real_time_streams_per_policy(tmp_path):
     out_file = tmp_path / "service.json"
     run = subprocess.run(
         [sys.executable, "benchmark.py", "--mode", "service", "--concurrency", "1,3", "--max-tokens", "14",
+         "--set", "sampling.min_tokens=14",
          "--policies", "fair,deadline", "--output", str(out_file)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
     )

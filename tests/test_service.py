@@ -31,9 +31,12 @@ DEMO = str(REPO_ROOT / "models" / "demo")
 
 
 def service(**overrides) -> TTSService:
+    """The demo service; utterances are exactly max_tokens long (min_tokens holds back the stop)."""
     base = {"model.demo_dir": DEMO, "codec.noise": False, "sampling.max_tokens": 42,
             "scheduler.max_concurrent_sessions": 8, "scheduler.max_batch_size": 8, "kv_cache.max_seq_len": 512}
-    return TTSService.from_config(CONFIG_PATH, **{**base, **overrides})
+    merged = {**base, **overrides}
+    merged.setdefault("sampling.min_tokens", merged["sampling.max_tokens"])
+    return TTSService.from_config(CONFIG_PATH, **merged)
 
 
 async def engine_state(tts: TTSService) -> dict:
@@ -82,7 +85,7 @@ def test_streamed_audio_equals_an_offline_decode_of_the_same_tokens(demo_dir):
     # The same request through the engine alone gives the same tokens (seeded sampling is batch-independent).
     engine = TorchEngine.from_checkpoint(demo_dir / "llama", TorchEngineConfig(slots=1, max_batch_size=1, max_seq_len=512))
     prompt = orpheus.build_prompt_ids(tokenizer, text, "leo")
-    engine.add(GenerationRequest("x", prompt, SamplingParams(max_tokens=84, seed=seed)))
+    engine.add(GenerationRequest("x", prompt, SamplingParams(max_tokens=84, min_tokens=84, seed=seed)))
     tokens = []
     while engine.has_work():
         tokens += [t for d in engine.step() for t in d.token_ids]

@@ -89,6 +89,7 @@ class SamplingConfig:
     repetition_penalty: float = _f(1.1, ge=1.0, le=3.0)
     repetition_window: int = _f(64, ge=0)
     max_tokens: int = _f(1200, ge=1)
+    min_tokens: int = _f(0, ge=0)
     constrain_audio: bool = True
     seed: int | None = None
 

@@ -68,7 +68,8 @@ def start_server(*extra: str) -> Server:
     grpc_port = free_port()
     args = [sys.executable, "production_server.py", "--host", "127.0.0.1", "--port", "0", "--grpc-port",
             str(grpc_port), "--set", f"model.demo_dir={REPO_ROOT / 'models' / 'demo'}",
-            "--set", f"sampling.max_tokens={MAX_TOKENS}", "--set", "codec.noise=false",
+            "--set", f"sampling.max_tokens={MAX_TOKENS}", "--set", f"sampling.min_tokens={MAX_TOKENS}",
+            "--set", "codec.noise=false",
             "--set", "scheduler.max_concurrent_sessions=8", "--set", "scheduler.max_batch_size=8",
             "--set", "kv_cache.max_seq_len=1024", *extra]
     log = tempfile.NamedTemporaryFile("w+", prefix="lyre-server-", suffix=".log", delete=False)

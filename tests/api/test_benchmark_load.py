@@ -12,7 +12,7 @@ from lyre.benchmarks.load import find_max, meets, parse_slo, percentile
 
 from ..conftest import REPO_ROOT
 
-QUICK = ["--set", "sampling.max_tokens=14", "--set", "codec.noise=false", "--set", "scheduler.max_concurrent_sessions=8",
+QUICK = ["--set", "sampling.max_tokens=14", "--set", "sampling.min_tokens=14", "--set", "codec.noise=false", "--set", "scheduler.max_concurrent_sessions=8",
          "--set", "scheduler.max_batch_size=8"]
 FIGURES = {"requests", "success_rate", "ttfb_ms_p50", "ttfb_ms_p95", "ttfb_ms_p99", "underruns",
            "streams_without_underrun", "real_time_streams", "audio_s_per_wall_s", "server_tokens_per_s", "rtf_p50",

@@ -75,7 +75,8 @@ def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
             # A stream in flight when the server is told to stop still completes.
             async with aiohttp.ClientSession() as s:
                 r = await s.post(srv.http + "/v1/audio/speech", headers={"Authorization": "Bearer s3cret"},
-                                 json={"input": "finish me", "response_format": "pcm", "max_tokens": 140})
+                                 json={"input": "finish me", "response_format": "pcm", "max_tokens": 140,
+                                       "min_tokens": 140})
                 first = await r.content.readany()
                 srv.proc.terminate()  # SIGTERM mid-stream
                 rest = await r.read()

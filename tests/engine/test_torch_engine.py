@@ -160,6 +160,17 @@ def test_end_of_speech_only_at_frame_boundaries(eos_happy_dir):
     assert len(set(lengths)) > 1  # the stop came at different frames, not at a fixed length
 
 
+def test_min_tokens_holds_back_the_stop(eos_happy_dir):
+    eng = make_engine(eos_happy_dir, slots=4, max_batch_size=4)
+    params = SamplingParams(max_tokens=200, min_tokens=50, seed=3, temperature=1.0, top_p=1.0)
+    out = drive(eng, {0: [GenerationRequest(f"m{i}", AUDIO_PROMPT, params) for i in range(4)]})
+    for i in range(4):  # this model says end-of-speech at the first frame boundary it may
+        tokens = tokens_of(out[f"m{i}"])
+        assert tokens[-1] == orpheus.END_OF_SPEECH and len(tokens) - 1 >= 50 and (len(tokens) - 1) % 7 == 0
+    free = drive(eng, {0: [GenerationRequest("free", AUDIO_PROMPT, SamplingParams(max_tokens=200, seed=3))]})
+    assert len(tokens_of(free["free"])) < 50
+
+
 def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(demo_dir):
     eng = make_engine(demo_dir / "llama", slots=2, max_batch_size=2)
     real_forward = eng.model.forward

@@ -61,6 +61,7 @@ SAMPLING_FIELDS = {
     "top_k": (int, 0, 1_000_000),
     "repetition_penalty": (float, 1.0, 3.0),
     "max_tokens": (int, 1, 100_000),
+    "min_tokens": (int, 0, 100_000),
     "seed": (int, 0, 2**63 - 1),
 }
 

@@ -123,7 +123,8 @@ class TransformersBaseline(TTSService):
                 out = self.hf.generate(
                     torch.tensor([prompt], device=self.device),
                     attention_mask=torch.ones(1, len(prompt), dtype=torch.long, device=self.device),
-                    max_new_tokens=p["max_tokens"], do_sample=p["temperature"] > 0,
+                    max_new_tokens=p["max_tokens"], min_new_tokens=p["min_tokens"] or None,
+                    do_sample=p["temperature"] > 0,
                     temperature=p["temperature"] or None, top_p=p["top_p"], top_k=p["top_k"] or None,
                     repetition_penalty=p["repetition_penalty"], eos_token_id=list(orpheus.STOP_IDS),
                     pad_token_id=orpheus.PAD,

@@ -41,7 +41,7 @@ async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
         elif now > first + audio_before:
             late += 1
         audio_before += chunk.seconds
-    return {"ttfb_ms": 1000 * (first - t0), "late_chunks": late, "audio_s": audio_before,
+    return {"ttfb_ms": None if first is None else 1000 * (first - t0), "late_chunks": late, "audio_s": audio_before,
             "elapsed_s": time.monotonic() - t0}
 
 
@@ -49,12 +49,12 @@ async def _level(tts: TTSService, n: int) -> dict[str, Any]:
     t0 = time.monotonic()
     streams = await asyncio.gather(*[_one_stream(tts, i) for i in range(n)])
     wall = time.monotonic() - t0
-    ttfb = [s["ttfb_ms"] for s in streams]
+    ttfb = [s["ttfb_ms"] for s in streams if s["ttfb_ms"] is not None]  # a stream may end before any audio
     return {
         "concurrency": n,
-        "ttfb_ms_p50": statistics.median(ttfb),
-        "ttfb_ms_p95": _percentile(ttfb, 0.95),
-        "real_time_streams": sum(s["late_chunks"] == 0 for s in streams),
+        "ttfb_ms_p50": statistics.median(ttfb) if ttfb else None,
+        "ttfb_ms_p95": _percentile(ttfb, 0.95) if ttfb else None,
+        "real_time_streams": sum(s["late_chunks"] == 0 and s["ttfb_ms"] is not None for s in streams),
         "late_chunks": sum(s["late_chunks"] for s in streams),
         "audio_s_per_wall_s": sum(s["audio_s"] for s in streams) / wall,
     }
@@ -91,6 +91,7 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'policy':<10}{'streams':>8}{'TTFB p50 ms':>13}{'TTFB p95 ms':>13}{'real-time':>11}{'audio s/wall s':>16}"]
     for policy, levels in result["policies"].items():
         for lv in levels:
-            lines.append(f"{policy:<10}{lv['concurrency']:>8}{lv['ttfb_ms_p50']:>13.0f}{lv['ttfb_ms_p95']:>13.0f}"
+            p50, p95 = (f"{v:.0f}" if v is not None else "-" for v in (lv["ttfb_ms_p50"], lv["ttfb_ms_p95"]))
+            lines.append(f"{policy:<10}{lv['concurrency']:>8}{p50:>13}{p95:>13}"
                          f"{lv['real_time_streams']:>7}/{lv['concurrency']:<3}{lv['audio_s_per_wall_s']:>16.2f}")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ class SamplingParams:
     repetition_penalty: float = 1.1  # 1.0 = off
     repetition_window: int = 64  # most recent generated tokens penalised; 0 = all
     max_tokens: int = 1200
+    min_tokens: int = 0  # stop ids are masked until this many tokens have been generated
     seed: int | None = None  # per request: the same seed gives the same tokens, whatever the batch
     stop_ids: tuple[int, ...] = orpheus.STOP_IDS
     constrain_audio: bool = True  # after start-of-speech only codes valid for the frame slot
@@ -42,6 +43,7 @@ class SamplingParams:
             repetition_penalty=cfg.repetition_penalty,
             repetition_window=cfg.repetition_window,
             max_tokens=cfg.max_tokens,
+            min_tokens=cfg.min_tokens,
             seed=cfg.seed,
             constrain_audio=cfg.constrain_audio,
         )
@@ -56,6 +58,7 @@ class SamplingParams:
             (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
             (self.repetition_window >= 0, "repetition_window must be >= 0"),
             (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (self.min_tokens >= 0, "min_tokens must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -338,6 +338,12 @@ class TorchEngine:
         """Chosen column per row: repetition penalty, then temperature / top-k / top-p sampling."""
         penalty = self._vec([s.params.repetition_penalty for s in seqs])
         logits = apply_repetition_penalty(logits, self._history_cols(seqs, first_id, constrained), penalty)
+        early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]
+        if early:  # min_tokens: no stop id yet
+            logits = logits.clone()
+            for j in early:
+                stops = [BAND] if constrained else [t for t in seqs[j].params.stop_ids if t < logits.shape[1]]
+                logits[j, stops] = float("-inf")
         params = SamplingBatch(
             temperature=self._vec([s.params.temperature for s in seqs]),
             top_k=torch.tensor([s.params.top_k for s in seqs], device=self.device),
