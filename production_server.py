@@ -22,7 +22,7 @@ from lyre import checkpoint
 from lyre.api.common import InFlight
 from lyre.api.http import create_app
 from lyre.config import ConfigError, add_config_arguments, apply_overrides, config_from_args
-from lyre.service import TTSService
+from lyre.service import LyreError, TTSService
 
 log = logging.getLogger("lyre.server")
 
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
         else:
             service = TTSService(cfg)
         return asyncio.run(serve(service))
-    except (ConfigError, checkpoint.CheckpointError, OSError) as e:
+    except (ConfigError, checkpoint.CheckpointError, LyreError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
 

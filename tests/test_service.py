@@ -16,6 +16,7 @@ from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
 from lyre.service import (
     InvalidRequest,
+    LyreError,
     OverloadedError,
     SynthesisCancelled,
     SynthesisFailed,
@@ -206,6 +207,15 @@ def test_an_engine_fault_fails_only_the_sessions_in_that_step():
     assert all("engine error: RuntimeError: simulated device fault" in o for o in outcomes)
     assert len(later.pcm) == 10 * F
     assert state["active"] == 0 and state["free_slots"] == 8
+
+
+def test_the_unimplemented_tensorrt_backend_is_refused_clearly():
+    async def go():
+        async with service(**{"model.backend": "trtllm"}):
+            pass
+
+    with pytest.raises(LyreError, match="TensorRT-LLM backend is not implemented yet"):
+        run(go())
 
 
 def test_cancelled_stream_raises_for_a_consumer_still_reading():

@@ -268,6 +268,8 @@ class TTSService:
 
     def _load(self) -> None:
         cfg = self.config
+        if cfg.model.backend == "trtllm":
+            raise LyreError("model.backend 'trtllm': the TensorRT-LLM backend is not implemented yet; use 'torch' or 'auto'")
         self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
         self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
         engine_cfg = TorchEngineConfig.from_config(cfg)
@@ -288,7 +290,8 @@ class TTSService:
                                    settings, self.gate, metrics=self.metrics, overlap_codec=overlap)
         self._loop = EngineLoop(self.scheduler)
         self._loop.start()
-        log.info("engine: torch on %s (%s); model %s%s", engine_cfg.device, engine_cfg.dtype, self.model.source,
+        log.info("engine: torch on %s (%s)%s; model %s%s", engine_cfg.device, engine_cfg.dtype,
+                 " (backend auto: no TensorRT-LLM backend yet)" if cfg.model.backend == "auto" else "", self.model.source,
                  " — DEMO, audio is noise" if self.model.is_demo else "")
 
     async def aclose(self) -> None:
