@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
-import socket
 import subprocess
-import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
 
 import pytest
 
+from lyre.benchmarks.servers import ManagedServer, free_port  # noqa: F401  (free_port is used by tests)
+
 from ..conftest import REPO_ROOT
 
 MAX_TOKENS = 28  # 4 frames = 8192 samples = 0.341 s per request by default
 SECONDS = 4 * 2048 / 24000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -64,23 +56,13 @@ class Server:
             assert time.monotonic() < deadline, f"slots still in use: {s}"
 
 
-def start_server(*extra: str) -> Server:
-    grpc_port = free_port()
-    args = [sys.executable, "production_server.py", "--host", "127.0.0.1", "--port", "0", "--grpc-port",
-            str(grpc_port), "--set", f"model.demo_dir={REPO_ROOT / 'models' / 'demo'}",
-            "--set", f"sampling.max_tokens={MAX_TOKENS}", "--set", f"sampling.min_tokens={MAX_TOKENS}",
-            "--set", "codec.noise=false",
-            "--set", "scheduler.max_concurrent_sessions=8", "--set", "scheduler.max_batch_size=8",
-            "--set", "kv_cache.max_seq_len=1024", *extra]
-    log = tempfile.NamedTemporaryFile("w+", prefix="lyre-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=log, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    line = proc.stdout.readline()  # blocks until the server says it is ready (or dies)
-    if "Lyre ready" not in line:
-        proc.kill()
-        raise RuntimeError(f"the server did not start: {line}\n{open(log.name).read()[-3000:]}")
-    http = line.split()[2]
-    return Server(proc, http, f"127.0.0.1:{grpc_port}", log.name)
+def start_server(*overrides: str) -> Server:
+    """A production_server.py on free ports (the benchmark's launcher), with the test settings."""
+    managed = ManagedServer(None, (
+        f"model.demo_dir={REPO_ROOT / 'models' / 'demo'}", f"sampling.max_tokens={MAX_TOKENS}",
+        f"sampling.min_tokens={MAX_TOKENS}", "codec.noise=false", "scheduler.max_concurrent_sessions=8",
+        "scheduler.max_batch_size=8", "kv_cache.max_seq_len=1024", *overrides)).__enter__()
+    return Server(managed.proc, managed.http, managed.grpc, managed.log_path)
 
 
 def stop_server(server: Server) -> int:

@@ -57,7 +57,7 @@ def test_client_says_clearly_when_the_server_is_unreachable_or_refuses(server, t
 
 
 def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
-    srv = start_server("--set", "server.api_key=s3cret", "--set", "server.drain_timeout_s=120")
+    srv = start_server("server.api_key=s3cret", "server.drain_timeout_s=120")
     try:
         async def go():
             async with aiohttp.ClientSession() as s:
@@ -95,7 +95,7 @@ def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
 
 
 def test_shutdown_cancels_streams_that_outlast_the_drain_timeout():
-    srv = start_server("--set", "server.drain_timeout_s=0")
+    srv = start_server("server.drain_timeout_s=0")
 
     async def go():
         async with aiohttp.ClientSession() as s:
@@ -120,8 +120,8 @@ def test_bad_startup_config_exits_with_a_message():
 
 
 def test_overload_is_429_with_retry_after_and_resource_exhausted_over_grpc():
-    srv = start_server("--set", "scheduler.max_concurrent_sessions=1", "--set", "scheduler.max_batch_size=1",
-                       "--set", "scheduler.max_pending=0")
+    srv = start_server("scheduler.max_concurrent_sessions=1", "scheduler.max_batch_size=1",
+                       "scheduler.max_pending=0")
     try:
         async def go():
             async with aiohttp.ClientSession() as s:

@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -31,8 +31,16 @@ class ManagedServer:
     grpc: str = ""
     pid: int = 0
 
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self._proc
+
+    @property
+    def log_path(self) -> str:
+        return self._log.name
+
     def __enter__(self) -> ManagedServer:
-        grpc_port = _free_port()
+        grpc_port = free_port()
         args = [sys.executable, str(ROOT / "production_server.py"), "--host", "127.0.0.1", "--port", "0",
                 "--grpc-port", str(grpc_port)]
         if self.config is not None:
