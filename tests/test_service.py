@@ -18,6 +18,7 @@ from lyre.service import (
     InvalidRequest,
     LyreError,
     OverloadedError,
+    ServiceUnavailable,
     SynthesisCancelled,
     SynthesisFailed,
     TextTooLong,
@@ -207,6 +208,27 @@ def test_an_engine_fault_fails_only_the_sessions_in_that_step():
     assert all("engine error: RuntimeError: simulated device fault" in o for o in outcomes)
     assert len(later.pcm) == 10 * F
     assert state["active"] == 0 and state["free_slots"] == 8
+
+
+def test_if_the_engine_loop_dies_open_streams_fail_at_once_and_new_ones_are_refused():
+    async def go():
+        async with service(**{"sampling.max_tokens": 700, "sampling.min_tokens": 700,
+                              "kv_cache.max_seq_len": 1024}) as tts:
+            stream = tts.stream("keep talking", seed=1)
+            await stream.__anext__()
+
+            def broken_step():  # fault injection: a bug inside the scheduler's step
+                raise RuntimeError("simulated scheduler bug")
+
+            await tts.on_engine_thread(lambda: setattr(tts.scheduler, "step", broken_step))
+            with pytest.raises(SynthesisFailed, match="engine loop stopped: RuntimeError: simulated scheduler bug"):
+                async for _ in stream:
+                    pass
+            assert not tts.ready
+            with pytest.raises(ServiceUnavailable):
+                tts.stream("anyone there?")
+
+    run(go())
 
 
 def test_the_unimplemented_tensorrt_backend_is_refused_clearly():

@@ -294,11 +294,11 @@ class Scheduler:
             "total_batches": e.total_steps,
         }
 
-    def shutdown(self) -> None:
-        """Cancel every session (the service is closing)."""
+    def shutdown(self, outcome: str = CANCELLED, reason: str = "shutdown") -> None:
+        """End every session (the service is closing, or the loop failed) and drain the engine."""
         now = self.clock()
         for s in list(self.pending) + list(self.active.values()):
-            self._end(s, CANCELLED, "shutdown", now)
+            self._end(s, outcome, reason, now)
         self.pending.clear()
         while self.engine.has_work():
             self.engine.step()

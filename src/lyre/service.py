@@ -35,6 +35,7 @@ from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
 from lyre.metrics import Metrics
 from lyre.scheduler import (
     CANCELLED,
+    FAILED,
     FINISHED,
     AdmissionGate,
     ChunkEvent,
@@ -74,6 +75,10 @@ class OverloadedError(LyreError):
     def __init__(self, retry_after_s: float):
         super().__init__(f"the server is at capacity; retry after {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
+
+
+class ServiceUnavailable(LyreError):
+    code = "unavailable"
 
 
 class SynthesisCancelled(LyreError):
@@ -163,9 +168,14 @@ class EngineLoop:
                 # Sessions are open but nothing moved (e.g. all waiting on their consumers): wait for
                 # a message briefly instead of spinning.
                 idle_wait = None if progressed else 0.002
-        except BaseException as e:  # the loop must never die silently
+        except BaseException as e:  # the loop must never die silently, nor leave anyone waiting
             log.exception("engine loop stopped")
             self.error = e
+            self.alive = False
+            try:
+                self.scheduler.shutdown(FAILED, f"the engine loop stopped: {type(e).__name__}: {e}")
+            except Exception:
+                log.exception("could not fail the open sessions")
         finally:
             self.alive = False
 
@@ -312,7 +322,7 @@ class TTSService:
         """Start synthesising ``text``; iterate the result for audio chunks as they are decoded.
         Raises InvalidRequest / UnknownVoice / TextTooLong / OverloadedError at once."""
         if not self.ready:
-            raise LyreError("the service is not running (use `async with TTSService...`)")
+            raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
         prompts, params = self._prepare(text, voice, sampling)
         try:
             self.gate.enter()

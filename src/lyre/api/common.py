@@ -12,6 +12,7 @@ from lyre.service import (
     InvalidRequest,
     LyreError,
     OverloadedError,
+    ServiceUnavailable,
     SynthesisCancelled,
     SynthesisFailed,
     SynthesisTimeout,
@@ -106,6 +107,8 @@ def classify(error: BaseException) -> ErrorInfo:
         return ErrorInfo(400, "INVALID_ARGUMENT", "invalid_request_error")
     if isinstance(error, OverloadedError):
         return ErrorInfo(429, "RESOURCE_EXHAUSTED", "overloaded_error")
+    if isinstance(error, ServiceUnavailable):
+        return ErrorInfo(503, "UNAVAILABLE", "service_unavailable")
     if isinstance(error, SynthesisTimeout):
         return ErrorInfo(504, "DEADLINE_EXCEEDED", "timeout_error")
     if isinstance(error, SynthesisCancelled):
