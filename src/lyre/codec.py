@@ -70,6 +70,11 @@ class StreamDecoder:
     def frames_received(self) -> int:
         return self._n
 
+    @property
+    def all_out(self) -> bool:
+        """Every frame received so far has been emitted."""
+        return self.emitted == self._n * F
+
     def push(self, frames: list[orpheus.Frame]) -> None:
         self._frames.extend(frames)
         self._n += len(frames)
@@ -80,7 +85,7 @@ class StreamDecoder:
     def _due(self) -> bool:
         s = self.settings
         if self.finished:
-            return self.emitted < self._n * F
+            return not self.all_out
         if self._flushed_at == 0:
             return self._n >= s.first_flush_frames
         return self._n - self._flushed_at >= s.every_flush_frames

@@ -410,7 +410,7 @@ class Scheduler:
                 if job is not None:
                     jobs.append((s, seg, job))
                     break
-                if seg.done_generating and _all_out(seg):
+                if seg.done_generating and seg.decoder.all_out:
                     s.current += 1
                     continue
                 break
@@ -434,7 +434,7 @@ class Scheduler:
             if s.status != ACTIVE:
                 continue  # ended while its audio was decoding
             pcm = seg.decoder.complete(job, window)
-            self._deliver(s, pcm, now, segment_start=job.start == 0, segment_end=seg.decoder.finished and _all_out(seg))
+            self._deliver(s, pcm, now, segment_start=job.start == 0, segment_end=seg.decoder.finished and seg.decoder.all_out)
         return len(jobs)
 
     def _deliver(self, s: Session, pcm: np.ndarray, now: float, segment_start: bool, segment_end: bool) -> None:
@@ -484,10 +484,6 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.sessions.labels(outcome=reason or status).inc()
         s.sink(DoneEvent(status, reason, metrics))
-
-
-def _all_out(seg: Segment) -> bool:
-    return seg.decoder.emitted == seg.decoder.frames_received * orpheus.SAMPLES_PER_FRAME
 
 
 def _fade_segment_edges(pcm: np.ndarray, fade_in: bool, fade_out: bool, n: int = 240) -> None:
