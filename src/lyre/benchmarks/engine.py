@@ -19,16 +19,12 @@ from typing import Any
 import torch
 
 from lyre import checkpoint, orpheus
+from lyre.benchmarks.load import TEXT_SETS
 from lyre.config import LyreConfig
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
 
-TEXTS = [
-    "Hello world, this is Lyre speaking.",
-    "Thanks for calling, how can I help you today?",
-    "Your appointment is confirmed for Tuesday at three thirty.",
-    "Please hold while I transfer your call.",
-]
+TEXTS = TEXT_SETS["conversational"]
 
 
 def _prompts(model_dir: Path, cfg: LyreConfig, n: int) -> list[list[int]]:

@@ -9,24 +9,14 @@ chunk (a chunk is late when it arrives after the audio before it has finished pl
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from typing import Any
 
+from lyre.benchmarks.load import TEXT_SETS, percentile
 from lyre.config import LyreConfig, apply_overrides
 from lyre.service import TTSService
 
-TEXTS = [
-    "Thanks for calling, how can I help you today?",
-    "Your appointment is confirmed for Tuesday at three thirty.",
-    "Please hold while I transfer your call to the next available agent.",
-    "I'm sorry, I didn't quite catch that. Could you say it again?",
-]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+TEXTS = TEXT_SETS["conversational"]
 
 
 async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
@@ -52,8 +42,8 @@ async def _level(tts: TTSService, n: int) -> dict[str, Any]:
     ttfb = [s["ttfb_ms"] for s in streams if s["ttfb_ms"] is not None]  # a stream may end before any audio
     return {
         "concurrency": n,
-        "ttfb_ms_p50": statistics.median(ttfb) if ttfb else None,
-        "ttfb_ms_p95": _percentile(ttfb, 0.95) if ttfb else None,
+        "ttfb_ms_p50": percentile(ttfb, 0.50),
+        "ttfb_ms_p95": percentile(ttfb, 0.95),
         "real_time_streams": sum(s["late_chunks"] == 0 and s["ttfb_ms"] is not None for s in streams),
         "late_chunks": sum(s["late_chunks"] for s in streams),
         "audio_s_per_wall_s": sum(s["audio_s"] for s in streams) / wall,
