@@ -137,18 +137,19 @@ class TextToSpeech(tts_pb2_grpc.TextToSpeechServicer):
         seq, offset = [0], [0]
         totals: dict[str, Any] = {"tokens": 0, "audio_seconds": 0.0, "chunks": 0, "late_chunks": 0}
         with self.inflight:
-            async for message in request_iterator:
-                kind = message.WhichOneof("request")
-                pieces = text.append(message.text) if kind == "text" else text.flush() if kind == "flush" else []
-                if kind == "config":
-                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only the first message may be a config")
-                for piece in pieces:
-                    async for msg in self._speak(piece, config, sampling, encoder, seq, offset, totals, context):
-                        yield msg
-            for piece in text.flush():
+            async def pieces():  # complete clauses as text arrives; the rest when the client closes
+                async for message in request_iterator:
+                    kind = message.WhichOneof("request")
+                    if kind == "config":
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "only the first message may be a config")
+                    for piece in text.append(message.text) if kind == "text" else text.flush() if kind == "flush" else []:
+                        yield piece
+                for piece in text.flush():
+                    yield piece
+
+            async for piece in pieces():
                 async for msg in self._speak(piece, config, sampling, encoder, seq, offset, totals, context):
                     yield msg
-            totals["real_time_factor"] = None
             yield self._chunk(encoder.finish(), encoder, seq, offset, final=True, metrics=_metrics(totals))
 
     async def _speak(self, piece, config, sampling, encoder, seq, offset, totals, context):
