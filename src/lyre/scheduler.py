@@ -272,15 +272,15 @@ class Scheduler:
             jobs = self._plan_audio(self.clock())
             chunks = self._deliver_audio(jobs, self._decode(jobs), self.clock()) if jobs else 0
         self.step_count += 1
-        if self.metrics is not None:
-            if deltas:
-                self.metrics.observe_step(time.perf_counter() - t0, sum(1 for d in deltas if d.token_ids))
-            self.metrics.set_load(len(self.active), len(self.pending), self.engine.stats().active)
+        if self.metrics is not None and deltas:
+            self.metrics.observe_step(time.perf_counter() - t0, sum(1 for d in deltas if d.token_ids))
         return bool(deltas or chunks or self._planned) or before != (self.total_ended, len(self.pending))
 
     def publish(self) -> None:
         """Replace ``snapshot`` (seed 004's /v1/stats shape); other threads read only this."""
         e = self.engine.stats()
+        if self.metrics is not None:
+            self.metrics.set_load(len(self.active), len(self.pending), e.active)
         self.snapshot = {
             "scheduler": {
                 "total_sessions": self.total_sessions,
