@@ -47,7 +47,7 @@ async def serve(service: TTSService) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         model = service.model
-        log.info("model: %s; backend: %s", model.source, type(service).__name__)
+        log.info("model: %s; engine backend: %s (%s)", model.source, service.backend.name, service.backend.reason)
         if model.is_demo:
             log.warning("serving the DEMO checkpoint: every response is NOISE, not speech")
         # Tests and scripts wait for this line.

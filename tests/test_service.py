@@ -231,13 +231,27 @@ def test_if_the_engine_loop_dies_open_streams_fail_at_once_and_new_ones_are_refu
     run(go())
 
 
-def test_the_unimplemented_tensorrt_backend_is_refused_clearly():
+def test_trtllm_backend_that_cannot_run_here_is_refused_naming_what_is_missing(tmp_path):
     async def go():
-        async with service(**{"model.backend": "trtllm"}):
+        async with service(**{"model.backend": "trtllm", "build.engine_dir": str(tmp_path / "none")}):
             pass
 
-    with pytest.raises(LyreError, match="TensorRT-LLM backend is not implemented yet"):
+    with pytest.raises(LyreError) as err:
         run(go())
+    message = str(err.value)
+    assert "no CUDA GPU" in message and "tensorrt-llm" in message and "build_engine.py" in message
+    assert "model.backend=torch" in message
+
+
+def test_auto_backend_without_an_engine_serves_with_torch_and_says_why(tmp_path):
+    async def go():
+        async with service(**{"build.engine_dir": str(tmp_path / "none")}) as tts:
+            await tts.synthesize("Hello there.")
+            return tts.backend, tts.stats()["engine"]
+
+    choice, engine_stats = run(go())
+    assert choice.name == "torch" and "no engine is built" in choice.reason
+    assert engine_stats["backend"] == "torch"
 
 
 def test_cancelled_stream_raises_for_a_consumer_still_reading():

@@ -52,7 +52,7 @@ class ModelConfig:
     revision: str = "main"
     demo_dir: str = "models/demo"  # the demo checkpoint (random weights, noise audio)
     allow_demo: bool = True  # false: refuse to start on the demo checkpoint
-    backend: Literal["auto", "torch", "trtllm"] = "auto"
+    backend: Literal["auto", "torch", "trtllm"] = "auto"  # auto: trtllm when built + importable + GPU, else torch
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     voices: tuple[str, ...] = _f(factory=lambda: VOICES)
@@ -105,6 +105,7 @@ class SchedulerConfig:
     policy: Literal["fair", "deadline"] = "fair"
     max_wait_steps: int = _f(4, ge=1)
     max_prefill_tokens: int = _f(512, ge=16)
+    reserved_slots: int = _f(2, ge=0)
     session_timeout_s: float = _f(120.0, gt=0.0)
     consumer_timeout_s: float = _f(10.0, gt=0.0)
     output_queue_chunks: int = _f(64, ge=1)

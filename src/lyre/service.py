@@ -30,6 +30,7 @@ import torch
 from lyre import checkpoint, orpheus
 from lyre.codec import SnacDecoder, StreamSettings, configure_noise
 from lyre.config import LyreConfig, apply_overrides, load_config
+from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
 from lyre.metrics import Metrics
@@ -257,6 +258,7 @@ class TTSService:
         self.scheduler: Scheduler | None = None
         self.model: checkpoint.ResolvedModel | None = None
         self.tokenizer: Any = None
+        self.backend: Any = None  # BackendChoice once loaded
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, **overrides: Any) -> TTSService:
@@ -278,13 +280,20 @@ class TTSService:
 
     def _load(self) -> None:
         cfg = self.config
-        if cfg.model.backend == "trtllm":
-            raise LyreError("model.backend 'trtllm': the TensorRT-LLM backend is not implemented yet; use 'torch' or 'auto'")
+        env = probe_environment() if cfg.model.backend != "torch" else Environment()
+        try:
+            choice = select_backend(cfg.model.backend, cfg.build.engine_dir, env)
+        except BackendError as e:
+            raise LyreError(str(e)) from None
         self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
         self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
-        engine_cfg = TorchEngineConfig.from_config(cfg)
-        engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
-        codec_device = cfg.codec.device if cfg.codec.device != "auto" else engine_cfg.device
+        if choice.name == "trtllm":
+            engine, device, description = self._trtllm_engine(env)
+        else:
+            engine_cfg = TorchEngineConfig.from_config(cfg)
+            engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
+            device, description = engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
+        codec_device = cfg.codec.device if cfg.codec.device != "auto" else device
         on_gpu = codec_device == "cuda"
         codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
         snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
@@ -300,9 +309,27 @@ class TTSService:
                                    settings, self.gate, metrics=self.metrics, overlap_codec=overlap)
         self._loop = EngineLoop(self.scheduler)
         self._loop.start()
-        log.info("engine: torch on %s (%s)%s; model %s%s", engine_cfg.device, engine_cfg.dtype,
-                 " (backend auto: no TensorRT-LLM backend yet)" if cfg.model.backend == "auto" else "", self.model.source,
+        self.backend = choice
+        log.info("engine: %s; %s; model %s%s", description, choice.reason, self.model.source,
                  " — DEMO, audio is noise" if self.model.is_demo else "")
+
+    def _trtllm_engine(self, env: Environment) -> tuple[Any, str, str]:
+        """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
+        from lyre.engine.trtllm_engine import TrtllmEngine, TrtllmEngineConfig
+
+        cfg = self.config
+        try:
+            manifest = check_manifest(cfg.build.engine_dir, env)
+        except BackendError as e:
+            raise LyreError(str(e)) from None
+        if self.model.is_demo and Path(manifest.model_source).resolve() != self.model.llama_dir.resolve():
+            raise LyreError(
+                f"the engine in {cfg.build.engine_dir} was built from {manifest.model_source}, but the tokenizer and "
+                f"codec resolve to the demo checkpoint: set model.path to the checkpoint the engine was built from"
+            )
+        engine = TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
+        return engine, "cuda", (f"trtllm {manifest.quantization} engine {cfg.build.engine_dir} on {manifest.gpu_name} "
+                                f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")
 
     async def aclose(self) -> None:
         if self._loop is not None and self._loop.alive:

@@ -1,4 +1,4 @@
-"""Token engines: the ``TokenEngine`` contract and its backends (PyTorch; TensorRT-LLM later)."""
+"""Token engines: the ``TokenEngine`` contract and its backends (PyTorch; TensorRT-LLM, see backend.py)."""
 
 from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, TokenEngine
 

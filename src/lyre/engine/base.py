@@ -97,6 +97,8 @@ class EngineStats:
     total_tokens: int  # generated tokens
     total_steps: int  # forward passes
     kv_cache_bytes: int
+    backend: str = "torch"
+    extra: dict[str, float] = field(default_factory=dict)  # backend statistics (TensorRT-LLM: iteration stats)
 
 
 class TokenEngine(Protocol):
