@@ -168,6 +168,16 @@ def test_an_engine_error_fails_only_its_session():
     assert done(g_ev).outcome == "finished"
 
 
+def test_look_ahead_leaves_the_reserved_slots_to_new_sessions():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21, reserved_slots=3)
+    open_session(sch, gate, clock, "long", segments=3)
+    run(sch, clock, 2)
+    assert engine.stats().active + engine.stats().waiting == 1  # 3 spare slots, all reserved: no look-ahead
+    newcomer, events = open_session(sch, gate, clock, "new")
+    run(sch, clock, 1)
+    assert newcomer.tokens > 0  # it got a slot at once
+
+
 def test_segments_generate_in_order_and_the_next_prefills_early():
     sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21)
     s, events = open_session(sch, gate, clock, "long", segments=3)

@@ -30,6 +30,11 @@ class Metrics:
         self.late_chunks = Counter("lyre_late_chunks", "Chunks delivered after the listener's audio ran out",
                                    registry=r)
         self.sessions = Counter("lyre_sessions", "Sessions ended, by outcome", ["outcome"], registry=r)
+        self.iteration_ms = Gauge("lyre_engine_iteration_latency_ms", "Latest TensorRT-LLM iteration latency",
+                                  registry=r)
+        self.kv_blocks = Gauge("lyre_kv_cache_blocks", "TensorRT-LLM paged KV cache blocks", ["state"], registry=r)
+        self.engine_queued = Gauge("lyre_engine_queued_requests", "Requests queued inside the TensorRT-LLM executor",
+                                   registry=r)
         self.total_batches = 0
 
     def observe_step(self, seconds: float, batch: int) -> None:
@@ -41,6 +46,16 @@ class Metrics:
         self.active.set(active)
         self.pending.set(pending)
         self.kv_slots_used.set(slots_used)
+
+    def set_engine(self, extra: dict[str, float]) -> None:
+        """Backend statistics (the TensorRT-LLM executor's latest iteration); absent keys leave gauges alone."""
+        if "iter_latency_ms" in extra:
+            self.iteration_ms.set(extra["iter_latency_ms"])
+        if "queued_requests" in extra:
+            self.engine_queued.set(extra["queued_requests"])
+        for state in ("used", "free", "max"):
+            if f"kv_blocks_{state}" in extra:
+                self.kv_blocks.labels(state=state).set(extra[f"kv_blocks_{state}"])
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

@@ -281,6 +281,7 @@ class Scheduler:
         e = self.engine.stats()
         if self.metrics is not None:
             self.metrics.set_load(len(self.active), len(self.pending), e.active)
+            self.metrics.set_engine(e.extra)
         self.snapshot = {
             "scheduler": {
                 "total_sessions": self.total_sessions,
@@ -292,6 +293,7 @@ class Scheduler:
             "kv_cache": {"used_slots": e.active, "free_slots": e.capacity - e.active},
             "total_tokens": e.total_tokens,
             "total_batches": e.total_steps,
+            "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, **e.extra},
         }
 
     def shutdown(self, outcome: str = CANCELLED, reason: str = "shutdown") -> None:
@@ -305,6 +307,8 @@ class Scheduler:
         if self._overlap is not None:
             self._overlap.shutdown()
         self.publish()
+        if hasattr(self.engine, "close"):
+            self.engine.close()
 
     def _expire(self, now: float) -> None:
         for s in list(self.pending):
@@ -340,7 +344,8 @@ class Scheduler:
                 continue
             previous_done = s.segments[k - 1].done_generating
             one_ahead = k < 2 or s.segments[k - 2].done_generating
-            if previous_done or (one_ahead and spare > 0):  # continuation always; lookahead one segment, spare slots only
+            # continuation always; look-ahead one segment, only into spare slots beyond those reserved for new sessions
+            if previous_done or (one_ahead and spare > self.cfg.reserved_slots):
                 self._submit_segment(s, k)
                 spare -= 0 if previous_done else 1
 

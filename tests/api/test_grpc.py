@@ -78,6 +78,7 @@ def test_voices_stats_health_and_reflection(server):
     voices, stats, overall, ours, answers = call(server, go)
     assert [v.name for v in voices.voices][0] == "tara" and voices.default_voice == "tara"
     assert stats.scheduler.max_concurrent == 8 and stats.kv_cache.used_slots + stats.kv_cache.free_slots == 8
+    assert stats.backend == "torch" and stats.engine["kv_cache_bytes"] > 0
     assert overall.status == ours.status == health_pb2.HealthCheckResponse.SERVING
     names = {s.name for s in answers[0].list_services_response.service}
     assert {"lyre.v1.TextToSpeech", "grpc.health.v1.Health"} <= names

@@ -145,6 +145,7 @@ def test_info_endpoints(server):
     assert set(stats) >= {"scheduler", "kv_cache", "total_tokens", "total_batches"}
     assert set(stats["scheduler"]) >= {"total_sessions", "active_sessions", "pending_sessions", "max_concurrent"}
     assert set(stats["kv_cache"]) == {"used_slots", "free_slots"}
+    assert stats["engine"]["backend"] == "torch"  # auto, with no GPU and no engine here
     status, text = server.get("/metrics")
     assert status == 200 and "lyre_ttfb_seconds_bucket" in text and "lyre_kv_slots_used" in text
 

@@ -178,13 +178,15 @@ class TextToSpeech(tts_pb2_grpc.TextToSpeechServicer):
     async def GetStats(self, request, context):
         await self._check(context)
         s = self.service.stats()
-        sch, kv = s.get("scheduler", {}), s.get("kv_cache", {})
+        sch, kv, engine = s.get("scheduler", {}), s.get("kv_cache", {}), dict(s.get("engine", {}))
+        backend = engine.pop("backend", "")
         return tts_pb2.Stats(
             scheduler=tts_pb2.Stats.Scheduler(
                 total_sessions=sch.get("total_sessions", 0), active_sessions=sch.get("active_sessions", 0),
                 pending_sessions=sch.get("pending_sessions", 0), max_concurrent=sch.get("max_concurrent", 0)),
             kv_cache=tts_pb2.Stats.KvCache(used_slots=kv.get("used_slots", 0), free_slots=kv.get("free_slots", 0)),
-            total_tokens=s.get("total_tokens", 0), total_batches=s.get("total_batches", 0))
+            total_tokens=s.get("total_tokens", 0), total_batches=s.get("total_batches", 0),
+            backend=backend, engine={k: float(v) for k, v in engine.items()})
 
 
 async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int) -> tuple[grpc.aio.Server, int, HealthServicer]:

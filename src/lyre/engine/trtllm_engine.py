@@ -1,0 +1,432 @@
+"""The ``TokenEngine`` contract over TensorRT-LLM's Executor bindings (an FP8 engine from build_engine.py).
+
+NOT YET RUN ON A GPU BY THIS PROJECT. No machine this project has run on had a GPU; this module
+was written against the ``tensorrt_llm.bindings.executor`` signatures of TensorRT-LLM 1.2 (read
+from its nanobind sources) and is tested only against ``tests/fake_trtllm.py``, a fake of that
+module that mirrors those signatures. Expect to fix details the first time it meets a GPU.
+
+How it maps the contract:
+
+- ``add`` -> ``Executor.enqueue_request(Request(...))``: streaming, token ids only (no
+  detokenisation), ``max_tokens`` always set (the library's default is tiny), end-of-speech as
+  ``end_id`` and the other Orpheus stop ids as ``stop_words``, the sampling settings as a
+  ``SamplingConfig`` with a per-request seed (an unseeded request gets a random seed: the
+  executor would otherwise give every request seed 0 and identical prompts identical audio),
+  and the scheduler's priority (new sessions before their first audio, continuations first)
+  mapped onto the executor's 0..1 priority. Priority reorders only the executor's queue; the
+  scheduler also keeps ``scheduler.reserved_slots`` free of look-ahead work for new sessions.
+- one pump thread blocks in ``await_responses`` (it releases the GIL) and queues responses;
+  ``step()`` turns what has arrived into :class:`TokenDelta` s (one per request per step).
+- ``cancel`` -> ``cancel_request``; the request's ``cancelled`` delta comes at the next step and
+  anything the executor still sends for it is dropped.
+- ``constrain_audio`` runs as the executor's batched logits post-processor
+  (:class:`AudioConstraint`): after start-of-speech only the 4096 codes of the frame slot, and
+  end-of-speech at frame boundaries, can be sampled.
+- ``stats()`` adds the executor's latest iteration statistics (iteration latency, KV blocks,
+  queued and context requests) for ``/v1/stats`` and the Prometheus metrics.
+
+Differences from the PyTorch engine: the repetition penalty covers the whole sequence (the
+executor has no window), ``record_logits`` is ignored, and the executor batches every admitted
+request each iteration (``scheduler.max_batch_size`` and the batch policy do not apply; the
+engine's ``build.max_batch_size`` does).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from lyre import orpheus
+from lyre.config import LyreConfig
+from lyre.engine.backend import Manifest
+from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta
+
+log = logging.getLogger("lyre.engine")
+
+BAND = orpheus.CODEBOOK_SIZE
+
+
+@dataclass(frozen=True)
+class TrtllmEngineConfig:
+    engine_dir: str
+    max_batch_size: int = 32  # requests the engine runs at once (the build's max_batch_size)
+    max_seq_len: int = 4096  # prompt + generated tokens per request (the build's max_seq_len)
+    max_input_len: int = 1024
+    max_num_tokens: int = 8192  # tokens per iteration across the batch
+    vocab_size: int = orpheus.VOCAB_SIZE
+    kv_bytes_per_token: int = 0  # 2 x layers x kv heads x head dim x 2 bytes; 0 = unknown
+    free_gpu_memory_fraction: float = 0.9
+    enable_block_reuse: bool = True
+    enable_chunked_context: bool = True
+    pump_timeout_ms: int = 50  # await_responses timeout: how soon the pump notices close()
+    step_wait_s: float = 0.005  # step() waits this long for a response while requests are in flight
+
+    @classmethod
+    def from_config(cls, cfg: LyreConfig, manifest: Manifest) -> TrtllmEngineConfig:
+        """Limits come from what the engine was built with (its manifest), runtime knobs from the config."""
+        b, m = manifest.build, manifest.build.get("model", {})
+        layers, kv_heads, head_dim = m.get("num_hidden_layers"), m.get("num_key_value_heads"), m.get("head_dim")
+        return cls(
+            engine_dir=cfg.build.engine_dir,
+            max_batch_size=int(b.get("max_batch_size", cfg.build.max_batch_size)),
+            max_seq_len=int(b.get("max_seq_len", cfg.build.max_seq_len)),
+            max_input_len=int(b.get("max_input_len", cfg.build.max_input_len)),
+            max_num_tokens=int(b.get("max_num_tokens", cfg.build.max_num_tokens)),
+            vocab_size=int(m.get("vocab_size", orpheus.VOCAB_SIZE)),
+            kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2 if layers and kv_heads and head_dim else 0,
+            free_gpu_memory_fraction=cfg.kv_cache.free_gpu_memory_fraction,
+            enable_block_reuse=cfg.kv_cache.enable_block_reuse,
+        )
+
+
+def executor_priority(priority: int) -> float:
+    """Scheduler priority (0 ongoing, 1 before first audio, 2 continuation) -> the executor's 0..1 (0.5 default)."""
+    return min(1.0, 0.5 + 0.25 * max(0, priority))
+
+
+# --------------------------------------------------------------------------------------------
+# constrained audio sampling as a batched logits post-processor
+
+
+def constrain_logits(logits: torch.Tensor, audio_index: int, allow_stop: bool) -> None:
+    """In place over the last dim of ``logits`` (..., vocab): only the codes of frame slot
+    ``audio_index % 7`` stay, plus end-of-speech at a frame boundary when ``allow_stop``."""
+    slot = audio_index % orpheus.FRAME_TOKENS
+    lo = orpheus.AUDIO_TOKEN_OFFSET + slot * BAND
+    band = logits[..., lo:lo + BAND].clone()
+    stop = logits[..., orpheus.END_OF_SPEECH].clone()
+    logits.fill_(float("-inf"))
+    logits[..., lo:lo + BAND] = band
+    if slot == 0 and allow_stop:
+        logits[..., orpheus.END_OF_SPEECH] = stop
+
+
+@dataclass
+class _Constrained:
+    prompt_len: int
+    min_tokens: int
+    audio_start: int | None  # index in the token list of the first audio token; None before start-of-speech
+    scanned: int = 0  # tokens already searched for start-of-speech
+
+
+class AudioConstraint:
+    """The executor's ``LogitsPostProcessorBatched``: ``(req_ids, logits, beam_tokens, stream_ptr,
+    client_ids)``; ``logits[i]`` is (1, beam, vocab) on the GPU and ``beam_tokens[i][0]`` holds the
+    prompt and the tokens generated so far (``LlmRequest::getTokens``). It runs on the executor's
+    thread; requests are registered and dropped from the engine thread (a dict; the GIL orders them)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[int, _Constrained] = {}
+
+    def register(self, exec_id: int, prompt_ids: list[int], min_tokens: int) -> None:
+        start = len(prompt_ids) if prompt_ids[-1] == orpheus.START_OF_SPEECH else None
+        self.requests[exec_id] = _Constrained(len(prompt_ids), min_tokens, start, scanned=len(prompt_ids))
+
+    def drop(self, exec_id: int) -> None:
+        self.requests.pop(exec_id, None)
+
+    def __call__(self, req_ids, logits_list, beam_tokens, stream_ptr, client_ids=None) -> None:
+        rows = []
+        for exec_id, logits, beams in zip(req_ids, logits_list, beam_tokens, strict=True):
+            state = self.requests.get(exec_id)
+            if state is None:
+                continue
+            tokens = beams[0]
+            if state.audio_start is None:  # free sampling until start-of-speech comes
+                for i in range(state.scanned, len(tokens)):
+                    if tokens[i] == orpheus.START_OF_SPEECH:
+                        state.audio_start = i + 1
+                state.scanned = len(tokens)
+                if state.audio_start is None:
+                    continue
+            generated = len(tokens) - state.prompt_len
+            rows.append((logits, len(tokens) - state.audio_start, generated >= state.min_tokens))
+        if not rows:
+            return
+        if rows[0][0].is_cuda:  # masks go on the executor's stream, ordered before its sampling
+            with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
+                for logits, k, allow_stop in rows:
+                    constrain_logits(logits, k, allow_stop)
+        else:
+            for logits, k, allow_stop in rows:
+                constrain_logits(logits, k, allow_stop)
+
+
+# --------------------------------------------------------------------------------------------
+# the engine
+
+
+@dataclass
+class _InFlight:
+    request: GenerationRequest
+    exec_id: int
+    generated: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class _PumpFailure:
+    error: BaseException
+
+
+@dataclass
+class _IterationView:
+    """The parts of the executor's latest ``IterationStats`` that Lyre shows."""
+
+    iteration: int = 0
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def _load_bindings() -> ModuleType:
+    from tensorrt_llm.bindings import executor
+
+    return executor
+
+
+class TrtllmEngine:
+    """TensorRT-LLM engine behind the TokenEngine contract. Not yet run on a GPU (see the module doc)."""
+
+    def __init__(self, config: TrtllmEngineConfig, bindings: ModuleType | None = None):
+        self.cfg = config
+        self.tle = bindings if bindings is not None else _load_bindings()
+        self.capacity = config.max_batch_size
+        self.constraint = AudioConstraint()
+        tle = self.tle
+        executor_config = tle.ExecutorConfig(
+            1,  # max_beam_width
+            scheduler_config=tle.SchedulerConfig(tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT),
+            kv_cache_config=tle.KvCacheConfig(
+                enable_block_reuse=config.enable_block_reuse,
+                free_gpu_memory_fraction=config.free_gpu_memory_fraction,
+            ),
+            enable_chunked_context=config.enable_chunked_context,
+            max_batch_size=config.max_batch_size,
+            max_num_tokens=config.max_num_tokens,
+            logits_post_processor_config=tle.LogitsPostProcessorConfig(processor_batched=self.constraint),
+        )
+        self.executor = tle.Executor(Path(config.engine_dir), tle.ModelType.DECODER_ONLY, executor_config)
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._live: dict[str, _InFlight] = {}  # request id -> in flight
+        self._by_exec: dict[int, _InFlight] = {}
+        self._cancelled: list[_InFlight] = []
+        self._failed: str | None = None
+        self._iter = _IterationView()
+        self.total_requests = self.total_tokens = 0
+        self._running = True
+        self._pump = threading.Thread(target=self._pump_loop, name="lyre-trtllm-pump", daemon=True)
+        self._pump.start()
+
+    # --- the pump thread ------------------------------------------------------------------------
+
+    def _pump_loop(self) -> None:
+        wait = timedelta(milliseconds=self.cfg.pump_timeout_ms)
+        while self._running:
+            try:
+                responses = self.executor.await_responses(timeout=wait)
+            except Exception as e:  # the executor is gone: every request fails at the next step
+                if self._running:
+                    log.exception("TensorRT-LLM await_responses failed")
+                    self._inbox.put(_PumpFailure(e))
+                return
+            for response in responses:
+                self._inbox.put(response)
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> None:
+        """Enqueue ``request`` with the executor. Raises ValueError for a request that can never run."""
+        if self._failed is not None:
+            raise ValueError(f"the TensorRT-LLM executor failed: {self._failed}")
+        if request.request_id in self._live:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        ids = request.prompt_ids
+        if not ids:
+            raise ValueError("the prompt is empty")
+        bad = next((i for i in ids if not 0 <= i < self.cfg.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"prompt id {bad} is outside the model's vocabulary (0..{self.cfg.vocab_size - 1})")
+        if len(ids) > self.cfg.max_input_len or len(ids) >= self.cfg.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the engine was built for prompts up to {self.cfg.max_input_len} "
+                f"(build.max_input_len) within {self.cfg.max_seq_len} tokens (build.max_seq_len)"
+            )
+        request.sampling.validate()
+        exec_id = self.executor.enqueue_request(self.to_executor_request(request))
+        flight = _InFlight(request, exec_id)
+        self._live[request.request_id] = flight
+        self._by_exec[exec_id] = flight
+        if request.sampling.constrain_audio:
+            self.constraint.register(exec_id, list(ids), request.sampling.min_tokens)
+        self.total_requests += 1
+
+    def to_executor_request(self, request: GenerationRequest) -> Any:
+        """The executor ``Request`` for ``request`` (pure translation; no executor call)."""
+        tle, p = self.tle, request.sampling
+        greedy = p.temperature == 0
+        sampling = tle.SamplingConfig(
+            1,  # beam_width
+            top_k=1 if greedy else (p.top_k or None),
+            top_p=None if greedy else p.top_p,
+            temperature=None if greedy else p.temperature,
+            seed=p.seed if p.seed is not None else random.getrandbits(63),
+            min_tokens=p.min_tokens or None,
+            repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        )
+        end_id = orpheus.END_OF_SPEECH if orpheus.END_OF_SPEECH in p.stop_ids else p.stop_ids[0]
+        stop_words = [[t] for t in p.stop_ids if t != end_id]
+        return tle.Request(
+            list(request.prompt_ids),
+            min(p.max_tokens, self.cfg.max_seq_len - len(request.prompt_ids)),
+            streaming=True,
+            sampling_config=sampling,
+            output_config=tle.OutputConfig(exclude_input_from_output=True),
+            end_id=end_id,
+            pad_id=orpheus.PAD,
+            stop_words=stop_words or None,
+            priority=executor_priority(request.priority),
+            logits_post_processor_name=tle.Request.BATCHED_POST_PROCESSOR_NAME if p.constrain_audio else None,
+        )
+
+    def cancel(self, request_id: str) -> None:
+        """End a request: ``cancel_request`` now, its ``cancelled`` delta at the next step. Unknown ids are ignored."""
+        flight = self._live.get(request_id)
+        if flight is None or flight.cancelled:
+            return
+        flight.cancelled = True
+        self._cancelled.append(flight)
+        try:
+            self.executor.cancel_request(flight.exec_id)
+        except Exception:  # already finished inside the executor: nothing to cancel
+            log.debug("cancel_request(%d) failed", flight.exec_id, exc_info=True)
+
+    def has_work(self) -> bool:
+        return bool(self._live)
+
+    def step(self) -> list[TokenDelta]:
+        """Turn the responses that have arrived into deltas (waits ``step_wait_s`` for the first)."""
+        deltas: dict[str, TokenDelta] = {}
+        for flight in self._cancelled:
+            deltas[flight.request.request_id] = self._finish(flight, "cancelled")
+        self._cancelled.clear()
+        for item in self._drain():
+            if isinstance(item, _PumpFailure):
+                self._failed = f"{type(item.error).__name__}: {item.error}"
+                for flight in list(self._live.values()):
+                    deltas[flight.request.request_id] = self._finish(flight, "error", self._failed)
+                continue
+            self._on_response(item, deltas)
+        self._poll_iteration_stats()
+        return list(deltas.values())
+
+    def _drain(self) -> list[Any]:
+        items = []
+        try:
+            if self._live:
+                items.append(self._inbox.get(timeout=self.cfg.step_wait_s))
+            while True:
+                items.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
+        flight = self._by_exec.get(response.request_id)
+        if flight is None or flight.cancelled:
+            return  # finished or cancelled already: late responses are dropped
+        rid = flight.request.request_id
+        delta = deltas.setdefault(rid, TokenDelta(rid, []))
+        if response.has_error():
+            deltas[rid] = self._finish(flight, "error", response.error_msg, delta.token_ids)
+            return
+        result = response.result
+        new = list(result.output_token_ids[0]) if result.output_token_ids else []
+        room = flight.request.sampling.max_tokens - flight.generated
+        new = new[:max(room, 0)]
+        flight.generated += len(new)
+        self.total_tokens += len(new)
+        delta.token_ids.extend(new)
+        if result.is_final:
+            reasons = list(result.finish_reasons or [])
+            deltas[rid] = self._finish(flight, self._reason(reasons[0] if reasons else None), None, delta.token_ids)
+
+    def _reason(self, finish: Any) -> FinishReason:
+        fr = self.tle.FinishReason
+        if finish in (fr.END_ID, fr.STOP_WORDS):
+            return "stop"
+        if finish == fr.CANCELLED:
+            return "cancelled"
+        if finish == fr.TIMED_OUT:
+            return "error"
+        return "length"  # LENGTH, or NOT_FINISHED on a final response: the token budget ran out
+
+    def _finish(self, flight: _InFlight, reason: FinishReason, error: str | None = None,
+                tokens: list[int] | None = None) -> TokenDelta:
+        self._live.pop(flight.request.request_id, None)
+        self._by_exec.pop(flight.exec_id, None)
+        self.constraint.drop(flight.exec_id)
+        if reason == "error" and error is None:
+            error = "the executor timed out the request"
+        return TokenDelta(flight.request.request_id, tokens or [], finished=True, finish_reason=reason, error=error)
+
+    # --- statistics -----------------------------------------------------------------------------
+
+    def _poll_iteration_stats(self) -> None:
+        try:
+            stats = self.executor.get_latest_iteration_stats()
+        except Exception:
+            return
+        if not stats:
+            return
+        s = stats[-1]
+        values: dict[str, float] = {
+            "iter_latency_ms": float(s.iter_latency_ms),
+            "active_requests": float(s.num_active_requests),
+            "queued_requests": float(s.num_queued_requests),
+            "gpu_mem_usage_bytes": float(s.gpu_mem_usage),
+        }
+        kv = getattr(s, "kv_cache_stats", None)
+        if kv is not None:
+            values.update(kv_blocks_max=float(kv.max_num_blocks), kv_blocks_free=float(kv.free_num_blocks),
+                          kv_blocks_used=float(kv.used_num_blocks), kv_tokens_per_block=float(kv.tokens_per_block))
+        ifb = getattr(s, "inflight_batching_stats", None)
+        if ifb is not None:
+            values.update(context_requests=float(ifb.num_context_requests),
+                          generation_requests=float(ifb.num_gen_requests))
+        self._iter = _IterationView(int(s.iter), values)
+
+    def stats(self) -> EngineStats:
+        in_flight = len(self._live)
+        active = min(in_flight, self.capacity)
+        v = self._iter.values
+        kv_bytes = int(v.get("kv_blocks_max", 0) * v.get("kv_tokens_per_block", 0) * self.cfg.kv_bytes_per_token)
+        return EngineStats(
+            capacity=self.capacity,
+            active=active,
+            waiting=in_flight - active,
+            prefilling=min(int(v.get("context_requests", 0)), active),
+            total_requests=self.total_requests,
+            total_tokens=self.total_tokens,
+            total_steps=self._iter.iteration,
+            kv_cache_bytes=kv_bytes,
+            backend="trtllm",
+            extra=dict(v),
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the pump and shut the executor down (in-flight requests end)."""
+        if not self._running:
+            return
+        self._running = False
+        self._pump.join()
+        self.executor.shutdown()

@@ -1,0 +1,129 @@
+"""The ``TokenEngine`` contract, run against every backend.
+
+- ``torch``: the PyTorch engine on the demo checkpoint;
+- ``trtllm-fake-bindings``: the TensorRT-LLM engine over ``tests/fake_trtllm.py`` (a FAKE of the
+  executor bindings: what the adapter does with them, not what a GPU does);
+- ``trtllm``: the TensorRT-LLM engine over the real library. It needs a CUDA GPU, TensorRT-LLM and
+  a built engine (``LYRE_TEST_ENGINE_DIR``, default ``build.engine_dir``); without them it is
+  skipped and the skip reason says which are missing (pytest -ra prints it).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from lyre import orpheus
+from lyre.config import load_config
+from lyre.engine.backend import BackendError, check_manifest, probe_environment, select_backend
+from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.engine.trtllm_engine import TrtllmEngine, TrtllmEngineConfig
+
+from .. import fake_trtllm
+from .conftest import make_engine
+
+CAPACITY = 4
+PROMPT = [orpheus.START_OF_HUMAN, 400, 25, 376, *orpheus.PROMPT_SUFFIX]
+
+
+def real_trtllm_engine():
+    cfg = load_config(None)
+    engine_dir = Path(os.environ.get("LYRE_TEST_ENGINE_DIR", cfg.build.engine_dir))
+    env = probe_environment()
+    try:
+        select_backend("trtllm", engine_dir, env)
+        manifest = check_manifest(engine_dir, env)
+    except BackendError as e:
+        pytest.skip(f"TensorRT-LLM backend not testable here: {str(e).split('. Use ')[0]}")
+    return TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
+
+
+@pytest.fixture(params=["torch", "trtllm-fake-bindings", "trtllm"])
+def engine(request, demo_dir, tmp_path):
+    if request.param == "torch":
+        e = make_engine(demo_dir / "llama", slots=CAPACITY, max_batch_size=CAPACITY, max_seq_len=128)
+    elif request.param == "trtllm-fake-bindings":
+        e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=CAPACITY, max_seq_len=128),
+                         bindings=fake_trtllm)
+    else:
+        e = real_trtllm_engine()
+    yield e
+    if hasattr(e, "close"):
+        e.close()
+
+
+def drain(engine, max_steps=5000, on_step=None) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return out
+        deltas = engine.step()
+        if on_step:
+            on_step(deltas)
+        for d in deltas:
+            out.setdefault(d.request_id, []).append(d)
+    raise AssertionError("the engine did not finish")
+
+
+def tokens(deltas) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def request(rid: str, n: int, seed: int | None = None, **kw) -> GenerationRequest:
+    return GenerationRequest(rid, list(PROMPT), SamplingParams(max_tokens=n, min_tokens=n, seed=seed, **kw))
+
+
+def test_a_request_streams_exactly_max_tokens_and_finishes_once(engine):
+    engine.add(request("a", 21, seed=1))
+    out = drain(engine)["a"]
+    assert len(tokens(out)) == 21
+    assert [d.finished for d in out].count(True) == 1 and out[-1].finished and out[-1].finish_reason == "length"
+    s = engine.stats()
+    assert (s.active, s.waiting) == (0, 0) and s.total_tokens >= 21 and not engine.has_work()
+
+
+def test_more_requests_than_capacity_all_finish_without_exceeding_it(engine):
+    for i in range(CAPACITY * 2 + 1):
+        engine.add(request(f"r{i}", 14, seed=i))
+    assert engine.stats().capacity == CAPACITY
+    peaks = []
+    out = drain(engine, on_step=lambda _: peaks.append(engine.stats().active))
+    assert max(peaks) <= CAPACITY
+    assert all(len(tokens(out[f"r{i}"])) == 14 for i in range(CAPACITY * 2 + 1))
+
+
+def test_cancel_ends_a_request_with_nothing_after_it(engine):
+    engine.add(request("keep", 28, seed=1))
+    engine.add(request("drop", 100, seed=2))
+    early = [d for _ in range(3) for d in engine.step()]
+    engine.cancel("drop")
+    out = drain(engine)
+    for d in reversed(early):
+        out.setdefault(d.request_id, []).insert(0, d)
+    assert out["drop"][-1].finished and out["drop"][-1].finish_reason == "cancelled"
+    assert len(tokens(out["drop"])) < 100
+    assert len(tokens(out["keep"])) == 28 and engine.stats().active == 0
+
+
+def test_invalid_requests_are_refused_and_leave_no_trace(engine):
+    for bad in (GenerationRequest("empty", []), GenerationRequest("vocab", [10**9]),
+                GenerationRequest("params", list(PROMPT), SamplingParams(temperature=-1))):
+        with pytest.raises(ValueError):
+            engine.add(bad)
+    assert not engine.has_work() and engine.stats().active == 0
+
+
+def test_a_seeded_request_repeats_its_tokens(engine):
+    engine.add(request("x", 14, seed=42))
+    first = tokens(drain(engine)["x"])
+    engine.add(request("y", 14, seed=42))
+    assert tokens(drain(engine)["y"]) == first
+
+
+def test_constrained_tokens_are_codes_of_their_frame_slot(engine):
+    engine.add(request("c", 28, seed=7))
+    c = tokens(drain(engine)["c"])
+    assert all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET + (k % 7 + 1) * 4096
+               for k, t in enumerate(c))

@@ -1,0 +1,293 @@
+"""The TensorRT-LLM backend's translation into Executor calls and its dispatch of streamed responses,
+against ``tests/fake_trtllm.py`` (a FAKE of ``tensorrt_llm.bindings.executor``: no GPU here)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from lyre import orpheus
+from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.engine.trtllm_engine import (
+    AudioConstraint,
+    TrtllmEngine,
+    TrtllmEngineConfig,
+    constrain_logits,
+    executor_priority,
+)
+
+from .. import fake_trtllm as tle
+
+PROMPT = [orpheus.START_OF_HUMAN, 400, 25, 376, *orpheus.PROMPT_SUFFIX]  # ends with start-of-speech
+
+
+@pytest.fixture
+def engine(tmp_path):
+    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=4, max_seq_len=128, max_input_len=64),
+                     bindings=tle)
+    yield e
+    e.close()
+
+
+def run(engine, max_steps=2000) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not engine.has_work():
+            return out
+        for d in engine.step():
+            out.setdefault(d.request_id, []).append(d)
+    raise AssertionError("the engine did not finish")
+
+
+def tokens(deltas) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+def req(rid, max_tokens=14, prompt=PROMPT, priority=0, **sampling) -> GenerationRequest:
+    return GenerationRequest(rid, list(prompt), SamplingParams(max_tokens=max_tokens, **sampling), priority=priority)
+
+
+# --------------------------------------------------------------------------------------------
+# requests -> Executor calls
+
+
+def test_executor_is_configured_for_no_eviction_chunked_context_and_the_audio_constraint(tmp_path):
+    cfg = TrtllmEngineConfig(str(tmp_path), max_batch_size=24, max_num_tokens=4096, free_gpu_memory_fraction=0.7,
+                             enable_block_reuse=False)
+    e = TrtllmEngine(cfg, bindings=tle)
+    try:
+        ec = e.executor.config
+        assert ec.scheduler_config.capacity_scheduler_policy == tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+        assert ec.enable_chunked_context and ec.max_beam_width == 1
+        assert (ec.max_batch_size, ec.max_num_tokens) == (24, 4096)
+        assert ec.kv_cache_config.free_gpu_memory_fraction == 0.7 and ec.kv_cache_config.enable_block_reuse is False
+        assert ec.logits_post_processor_config.processor_batched is e.constraint
+        assert e.capacity == 24
+    finally:
+        e.close()
+
+
+def test_a_request_streams_token_ids_with_max_tokens_stop_ids_and_sampling_set(engine):
+    engine.add(req("a", max_tokens=300, temperature=0.7, top_p=0.9, top_k=50, repetition_penalty=1.2, min_tokens=7,
+                   seed=11))
+    r = engine.executor.enqueued[-1]
+    assert r.input_token_ids == PROMPT and r.streaming is True
+    assert r.max_tokens == 128 - len(PROMPT)  # clipped to what the sequence can hold
+    assert r.output_config.exclude_input_from_output
+    assert r.end_id == orpheus.END_OF_SPEECH and r.pad_id == orpheus.PAD
+    assert sorted(w[0] for w in r.stop_words) == sorted(set(orpheus.STOP_IDS) - {orpheus.END_OF_SPEECH})
+    sc = r.sampling_config
+    assert (sc.temperature, sc.top_p, sc.top_k, sc.repetition_penalty, sc.min_tokens, sc.seed) == (
+        0.7, 0.9, 50, 1.2, 7, 11)
+    assert r.logits_post_processor_name == tle.Request.BATCHED_POST_PROCESSOR_NAME
+
+
+def test_greedy_off_switches_and_unconstrained_requests_translate(engine):
+    engine.add(req("g", temperature=0.0, top_k=0, repetition_penalty=1.0, constrain_audio=False))
+    sc = engine.executor.enqueued[-1].sampling_config
+    assert (sc.top_k, sc.top_p, sc.temperature, sc.repetition_penalty, sc.min_tokens) == (1, None, None, None, None)
+    assert engine.executor.enqueued[-1].logits_post_processor_name is None
+
+
+def test_unseeded_requests_get_distinct_random_seeds(engine):
+    # The executor's default seed is 0 for everyone: identical prompts would speak identically.
+    for i in range(4):
+        engine.add(req(f"u{i}"))
+    seeds = [r.sampling_config.seed for r in engine.executor.enqueued]
+    assert len(set(seeds)) == 4 and all(s is not None and s >= 0 for s in seeds)
+
+
+def test_priorities_map_onto_the_executor_range_and_new_sessions_overtake_the_queue(tmp_path):
+    assert [executor_priority(p) for p in (0, 1, 2, 7)] == [0.5, 0.75, 1.0, 1.0]
+    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=1), bindings=tle)
+    try:
+        e.add(req("running", max_tokens=3))
+        e.step()  # "running" holds the one slot
+        e.add(req("old", max_tokens=3, priority=0))
+        e.add(req("new", max_tokens=3, priority=1))
+        order = []
+        while e.has_work():
+            order += [d.request_id for d in e.step() if d.finished]
+        assert [r.priority for r in e.executor.enqueued] == [0.5, 0.5, 0.75]
+        assert order == ["running", "new", "old"]
+    finally:
+        e.close()
+
+
+def test_bad_requests_are_refused_before_reaching_the_executor(engine):
+    for bad, message in [
+        (GenerationRequest("e", []), "empty"),
+        (GenerationRequest("v", [orpheus.VOCAB_SIZE]), "vocabulary"),
+        (GenerationRequest("l", [1] * 65), "build.max_input_len"),
+        (GenerationRequest("s", [1], SamplingParams(top_p=0)), "top_p"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            engine.add(bad)
+    engine.add(req("dup"))
+    with pytest.raises(ValueError, match="already"):
+        engine.add(req("dup"))
+    assert len(engine.executor.enqueued) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# streamed responses -> deltas
+
+
+def test_responses_become_one_delta_per_request_per_step_ending_with_the_reason(engine):
+    engine.add(req("a", max_tokens=10, min_tokens=10, seed=1))
+    engine.add(req("b", max_tokens=21, min_tokens=21, seed=2))
+    out = run(engine)
+    for rid, n in (("a", 10), ("b", 21)):
+        assert len(tokens(out[rid])) == n
+        assert all(not d.finished for d in out[rid][:-1]) and out[rid][-1].finish_reason == "length"
+        assert all(len({d.request_id for d in ds}) == 1 for ds in [out[rid]])
+    assert engine.stats().total_tokens == 31 and not engine.has_work()
+
+
+def test_stop_words_and_end_id_finish_as_stop(tmp_path):
+    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path)), bindings=tle)
+    try:
+        # Unconstrained, greedy fake-model output; make its first pick a stop word and then the end id.
+        e.add(req("first", max_tokens=50, seed=5, constrain_audio=False, temperature=0.0))
+        first = tokens(run(e)["first"])[0]
+        e.add(GenerationRequest("sw", list(PROMPT), SamplingParams(max_tokens=50, seed=5, constrain_audio=False,
+                                                                   temperature=0.0, stop_ids=(999999, first))))
+        out = run(e)["sw"]
+        assert out[-1].finish_reason == "stop" and tokens(out) == [first]  # a stop word is kept, as TRT does
+        e.add(GenerationRequest("end", list(PROMPT), SamplingParams(max_tokens=50, seed=5, constrain_audio=False,
+                                                                    temperature=0.0, stop_ids=(first,))))
+        out = run(e)["end"]
+        assert out[-1].finish_reason == "stop" and tokens(out) == []  # the end id is not returned
+    finally:
+        e.close()
+
+
+def test_cancel_calls_cancel_request_and_frees_the_request_at_the_next_step(engine):
+    engine.add(req("keep", max_tokens=40, min_tokens=40))
+    engine.add(req("drop", max_tokens=40, min_tokens=40))
+    engine.step()
+    engine.step()
+    engine.cancel("drop")
+    engine.cancel("drop")  # twice is harmless
+    engine.cancel("never-added")
+    assert engine.executor.cancelled == [2]  # the executor's id of "drop" (ids count from 1)
+    deltas = {d.request_id: d for d in engine.step()}
+    assert deltas["drop"].finished and deltas["drop"].finish_reason == "cancelled"
+    out = run(engine)
+    assert "drop" not in out  # whatever the executor still sent for it was dropped
+    assert out["keep"][-1].finish_reason == "length" and engine.stats().active == 0
+
+
+def test_an_error_response_fails_only_its_request(engine):
+    engine.add(req("bad", max_tokens=40))
+    engine.add(req("good", max_tokens=14, min_tokens=14))
+    engine.executor.error_request(1, "[TensorRT-LLM][ERROR] simulated request failure")
+    out = run(engine)
+    assert out["bad"][-1].finish_reason == "error" and "simulated request failure" in out["bad"][-1].error
+    assert out["good"][-1].finish_reason == "length" and len(tokens(out["good"])) == 14
+
+
+def test_an_executor_failure_fails_everything_in_flight_and_refuses_new_work(tmp_path):
+    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path)), bindings=tle)
+    try:
+        e.executor.fail_next_await = RuntimeError("CUDA error: an illegal memory access")
+        e.add(req("x", max_tokens=30))
+        out = run(e)
+        assert out["x"][-1].finish_reason == "error" and "illegal memory access" in out["x"][-1].error
+        with pytest.raises(ValueError, match="executor failed"):
+            e.add(req("y"))
+    finally:
+        e.close()
+
+
+def test_iteration_statistics_reach_stats(engine):
+    engine.add(req("a", max_tokens=14, min_tokens=14))
+    run(engine)
+    s = engine.stats()
+    assert s.backend == "trtllm" and s.capacity == 4 and s.total_steps >= 14
+    assert s.extra["iter_latency_ms"] == 1.0 and s.extra["kv_blocks_max"] == 1000
+    assert (s.active, s.waiting) == (0, 0)
+
+
+def test_close_stops_the_pump_and_shuts_the_executor_down(tmp_path):
+    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path)), bindings=tle)
+    pump = e._pump
+    e.close()
+    assert not pump.is_alive() and not e.executor.can_enqueue_requests()
+    assert "lyre-trtllm-pump" not in [t.name for t in threading.enumerate()]
+
+
+# --------------------------------------------------------------------------------------------
+# constrained audio sampling (the batched logits post-processor)
+
+
+def test_constrained_requests_emit_only_valid_codes_for_each_frame_slot(engine):
+    engine.add(req("c", max_tokens=70, min_tokens=70, seed=3))
+    engine.add(req("free", max_tokens=70, min_tokens=70, seed=3, constrain_audio=False))
+    out = run(engine)
+    c = tokens(out["c"])
+    assert len(c) == 70
+    assert all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET + (k % 7 + 1) * 4096
+               for k, t in enumerate(c))
+    assert sum(orpheus.AUDIO_TOKEN_OFFSET <= t < orpheus.AUDIO_ID_END for t in tokens(out["free"])) < 35
+    assert engine.executor.post_processor_calls > 0 and engine.constraint.requests == {}
+
+
+def test_constrain_logits_keeps_the_slot_band_and_end_of_speech_only_at_a_boundary():
+    for k, allow, stop_kept in ((0, True, True), (7, False, False), (3, True, False)):
+        logits = torch.randn(1, 1, orpheus.VOCAB_SIZE)
+        before = logits.clone()
+        constrain_logits(logits, k, allow)
+        lo = orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096
+        finite = torch.isfinite(logits[0, 0]).nonzero().flatten().tolist()
+        expected = list(range(lo, lo + 4096)) + ([orpheus.END_OF_SPEECH] if stop_kept else [])
+        assert sorted(finite) == sorted(expected)
+        assert torch.equal(logits[0, 0, lo:lo + 4096], before[0, 0, lo:lo + 4096])
+
+
+def test_the_constraint_waits_for_start_of_speech_when_the_prompt_lacks_it():
+    c = AudioConstraint()
+    c.register(9, [1, 2, 3], min_tokens=0)
+    logits = torch.zeros(1, 1, orpheus.VOCAB_SIZE)
+    c([9], [logits], [[[1, 2, 3, 50]]], 0)
+    assert torch.isfinite(logits).all()  # free before start-of-speech
+    c([9], [logits], [[[1, 2, 3, 50, orpheus.START_OF_SPEECH, orpheus.AUDIO_TOKEN_OFFSET + 5]]], 0)
+    finite = torch.isfinite(logits[0, 0]).nonzero().flatten()
+    assert finite.min() == orpheus.AUDIO_TOKEN_OFFSET + 4096 and len(finite) == 4096  # audio index 1 -> slot 1
+
+
+# --------------------------------------------------------------------------------------------
+# the scheduler over this backend
+
+
+def test_the_scheduler_streams_sessions_through_the_trtllm_backend_and_closes_it(tmp_path):
+    from lyre.codec import StreamSettings
+    from lyre.config import load_config
+    from lyre.scheduler import AdmissionGate, ChunkEvent, DoneEvent, Scheduler, Segment, Session
+
+    from ..fakes import SilentCodec
+
+    cfg = load_config(None, {"scheduler.max_concurrent_sessions": 2, "scheduler.max_batch_size": 2,
+                             "scheduler.reserved_slots": 0})
+    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=2, max_seq_len=128), bindings=tle)
+    gate = AdmissionGate(2, 8)
+    sch = Scheduler(cfg.scheduler, e, SilentCodec(), StreamSettings(warmup_frames=1), gate)
+    events: dict[str, list] = {}
+    for name in ("a", "b", "c"):
+        gate.enter()
+        events[name] = []
+        sch.submit(Session(name, [Segment(list(PROMPT)), Segment(list(PROMPT))],
+                           SamplingParams(max_tokens=21, min_tokens=21, seed=1), events[name].append, time.monotonic()))
+    for _ in range(5000):
+        if not sch.has_work():
+            break
+        sch.step()
+    for name, evs in events.items():
+        assert isinstance(evs[-1], DoneEvent) and evs[-1].outcome == "finished", name
+        assert sum(len(ev.pcm) for ev in evs if isinstance(ev, ChunkEvent)) == 2 * 3 * 2048  # 2 x 3 frames
+    assert max(r.priority for r in e.executor.enqueued) == 1.0  # continuations went first
+    sch.shutdown()
+    assert not e._pump.is_alive() and not e.executor.can_enqueue_requests()
