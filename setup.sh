@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up Lyre from a clean clone: creates .venv, installs the project with its dev extra (a CPU
-# build of torch where no NVIDIA GPU is present; the trt extra where nvidia-smi sees a GPU and the
-# Python version has TensorRT-LLM wheels), then prepares the default model (the demo checkpoint
-# when no real weights are configured or cached).
+# build of torch where no NVIDIA GPU is present; the trt extra, TensorRT-LLM 1.2 from NVIDIA's
+# package index, where nvidia-smi sees a GPU and the Python version has its wheels: 3.10 or 3.12),
+# then prepares the default model (the demo checkpoint when no real weights are configured or cached).
 #
 # Idempotent: a second run with nothing changed only checks and takes seconds.
 # Environment:
@@ -59,15 +59,29 @@ else
   fi
   : >"$log"
   if [ "$gpu" = no ]; then
-    say "no NVIDIA GPU: installing the CPU build of torch ($torch_spec)"
+    say "no NVIDIA GPU: installing the CPU build of torch ($torch_spec); the TensorRT-LLM backend (trt extra) is skipped"
     index_args=()
     [ -n "${LYRE_TORCH_INDEX:-}" ] && index_args=(--extra-index-url "$LYRE_TORCH_INDEX")
     pip_install "${index_args[@]}" "$torch_spec" || fail "could not install $torch_spec; set LYRE_TORCH_SPEC or LYRE_TORCH_INDEX"
   else
     say "NVIDIA GPU found: torch comes with the project's requirements ($extras)"
   fi
+  extra_index=()
+  if [ "$extras" = dev,trt ]; then
+    # TensorRT-LLM's wheels live on NVIDIA's index (PyPI has only a stub that redirects there).
+    say "installing the trt extra: TensorRT-LLM 1.2 from https://pypi.nvidia.com (several GB; needs MPI: libopenmpi-dev)"
+    extra_index=(--extra-index-url https://pypi.nvidia.com)
+  fi
   say "installing lyre with extras [$extras] (log: $log)"
-  pip_install -e ".[$extras]" || fail "could not install the project's dependencies"
+  pip_install "${extra_index[@]}" -e ".[$extras]" || fail "could not install the project's dependencies"
+  if [ "$extras" = dev,trt ]; then
+    if trt_version=$(.venv/bin/python -c "import tensorrt_llm; print(tensorrt_llm.__version__)" 2>>"$log"); then
+      say "TensorRT-LLM $trt_version installed: build an engine with python build_engine.py (model.backend auto then uses it)"
+    else
+      say "warning: TensorRT-LLM installed but does not import (see $log; often a missing libmpi: apt-get install" \
+          "libopenmpi-dev): the server will use the PyTorch backend"
+    fi
+  fi
   echo "$stamp" >"$stamp_file"
 fi
 
