@@ -18,6 +18,7 @@ import torch
 
 from lyre import checkpoint, orpheus
 from lyre.codec import configure_noise
+from lyre.engine.backend import BackendChoice
 from lyre.service import AudioChunk, SynthesisFailed, TTSService, to_int16
 
 
@@ -96,6 +97,8 @@ class TransformersBaseline(TTSService):
         self.total_sessions = self.total_tokens = self.total_batches = 0
         self._ids = itertools.count()
         self._running = True
+        self.backend = BackendChoice("transformers", f"the benchmark peer: transformers generate on {self.device}, "
+                                                     "one request at a time")
 
     async def __aenter__(self) -> TransformersBaseline:
         await asyncio.to_thread(self._load)
@@ -145,5 +148,6 @@ class TransformersBaseline(TTSService):
         return {"scheduler": {"total_sessions": self.total_sessions, "active_sessions": int(self.lock.locked()),
                               "pending_sessions": 0, "max_concurrent": 1},
                 "kv_cache": {"used_slots": int(self.lock.locked()), "free_slots": 1 - int(self.lock.locked())},
-                "total_tokens": self.total_tokens, "total_batches": self.total_batches}
+                "total_tokens": self.total_tokens, "total_batches": self.total_batches,
+                "engine": {"backend": "transformers"}}
 
