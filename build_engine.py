@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Build the Orpheus decoder into an FP8 TensorRT-LLM engine with a manifest "
                     "(settings: the config's build section), or with --backend torch download and verify the "
                     "checkpoint for the PyTorch backend.",
+        epilog="The TensorRT-LLM build has not yet been run on a GPU by this project (README: GPU quick start). "
+               "Exit status: 0 done, 1 error, 2 a real build cannot run on this machine.",
     )
     add_config_arguments(parser)
     parser.add_argument("--backend", choices=("trtllm", "torch"), default="trtllm",
