@@ -340,8 +340,10 @@ class TrtllmEngine:
 
     def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
         flight = self._by_exec.get(response.request_id)
-        if flight is None or flight.cancelled:
-            return  # finished or cancelled already: late responses are dropped
+        if flight is None or flight.cancelled:  # finished or cancelled already: late responses are dropped
+            if flight is None and response.has_error():
+                log.warning("TensorRT-LLM error for request %s: %s", response.request_id, response.error_msg)
+            return
         rid = flight.request.request_id
         delta = deltas.setdefault(rid, TokenDelta(rid, []))
         if response.has_error():
