@@ -8,6 +8,10 @@ would there. The executor is an in-process stand-in: ``await_responses`` runs on
 which up to ``max_batch_size`` requests (highest priority first, never evicted once running, as
 GUARANTEED_NO_EVICT) each get one token from a seeded random "model", after the batched logits
 post-processor has run over the logits exactly as the real executor calls it.
+
+A GPU takes milliseconds per iteration; this fake takes almost none, so left free-running it would
+finish requests before a test could cancel them. :func:`lockstep` ties it to the engine instead:
+one executor iteration per engine ``step()``, whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -272,6 +276,8 @@ class Executor:
         self.cancelled: list[int] = []
         self.fail_next_await: BaseException | None = None
         self.post_processor_calls = 0
+        self.lockstep = False  # True: an iteration runs only for a tick()
+        self._ticks = 0
 
     def enqueue_request(self, request: Request) -> int:
         if not isinstance(request, Request):
@@ -298,6 +304,12 @@ class Executor:
             self._errors.append((id, message))
             self._cond.notify_all()
 
+    def tick(self) -> None:
+        """Allow one iteration (lockstep mode)."""
+        with self._cond:
+            self._ticks += 1
+            self._cond.notify_all()
+
     def can_enqueue_requests(self) -> bool:
         return not self._shut
 
@@ -318,17 +330,26 @@ class Executor:
             if self.fail_next_await is not None:
                 error, self.fail_next_await = self.fail_next_await, None
                 raise error
-            if not self._queue and not self._errors and not self._shut:
-                self._cond.wait(timeout.total_seconds() if timeout is not None else None)
+            wait = timeout.total_seconds() if timeout is not None else None
+            if self.lockstep:
+                if not self._ticks and not self._errors and not self._shut:
+                    self._cond.wait(wait)
+                if not self._ticks:
+                    return self._iterate(run_model=False)
+                self._ticks -= 1
+            elif not self._queue and not self._errors and not self._shut:
+                self._cond.wait(wait)
             return self._iterate()
 
     # --- one iteration of the fake model -----------------------------------------------------
 
-    def _iterate(self) -> list[Response]:
+    def _iterate(self, run_model: bool = True) -> list[Response]:
         out = [Response(rid, msg) for rid, msg in self._errors]
         for rid, _ in self._errors:
             self._queue.pop(rid, None)
         self._errors.clear()
+        if not run_model:
+            return out
         for r in [r for r in self._queue.values() if r.cancelled]:
             del self._queue[r.id]
             out.append(Response(r.id, Result(True, [[]], [FinishReason.CANCELLED])))
@@ -388,6 +409,20 @@ class Executor:
             del self._queue[r.id]
             return Response(r.id, Result(True, [[token]], [FinishReason.LENGTH]))
         return Response(r.id, Result(False, [[token]], [FinishReason.NOT_FINISHED]))
+
+
+def lockstep(engine: Any) -> Any:
+    """Make ``engine``'s fake executor run exactly one iteration per ``engine.step()``."""
+    executor = engine.executor
+    executor.lockstep = True
+    step = engine.step
+
+    def step_in_lockstep():
+        executor.tick()
+        return step()
+
+    engine.step = step_in_lockstep
+    return engine
 
 
 # ``import fake_trtllm as tle`` then ``tle.Request(...)``: the module is the bindings namespace.

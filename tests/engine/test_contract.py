@@ -45,8 +45,8 @@ def engine(request, demo_dir, tmp_path):
     if request.param == "torch":
         e = make_engine(demo_dir / "llama", slots=CAPACITY, max_batch_size=CAPACITY, max_seq_len=128)
     elif request.param == "trtllm-fake-bindings":
-        e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=CAPACITY, max_seq_len=128),
-                         bindings=fake_trtllm)
+        e = fake_trtllm.lockstep(TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=CAPACITY,
+                                                                  max_seq_len=128), bindings=fake_trtllm))
     else:
         e = real_trtllm_engine()
     yield e

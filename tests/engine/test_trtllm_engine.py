@@ -24,10 +24,14 @@ from .. import fake_trtllm as tle
 PROMPT = [orpheus.START_OF_HUMAN, 400, 25, 376, *orpheus.PROMPT_SUFFIX]  # ends with start-of-speech
 
 
+def make(tmp_path, **config) -> TrtllmEngine:
+    """An engine over the fake bindings, one fake executor iteration per step()."""
+    return tle.lockstep(TrtllmEngine(TrtllmEngineConfig(str(tmp_path), **config), bindings=tle))
+
+
 @pytest.fixture
 def engine(tmp_path):
-    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=4, max_seq_len=128, max_input_len=64),
-                     bindings=tle)
+    e = make(tmp_path, max_batch_size=4, max_seq_len=128, max_input_len=64)
     yield e
     e.close()
 
@@ -102,7 +106,7 @@ def test_unseeded_requests_get_distinct_random_seeds(engine):
 
 def test_priorities_map_onto_the_executor_range_and_new_sessions_overtake_the_queue(tmp_path):
     assert [executor_priority(p) for p in (0, 1, 2, 7)] == [0.5, 0.75, 1.0, 1.0]
-    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=1), bindings=tle)
+    e = make(tmp_path, max_batch_size=1)
     try:
         e.add(req("running", max_tokens=3))
         e.step()  # "running" holds the one slot
@@ -148,7 +152,7 @@ def test_responses_become_one_delta_per_request_per_step_ending_with_the_reason(
 
 
 def test_stop_words_and_end_id_finish_as_stop(tmp_path):
-    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path)), bindings=tle)
+    e = make(tmp_path)
     try:
         # Unconstrained, greedy fake-model output; make its first pick a stop word and then the end id.
         e.add(req("first", max_tokens=50, seed=5, constrain_audio=False, temperature=0.0))
@@ -191,7 +195,7 @@ def test_an_error_response_fails_only_its_request(engine):
 
 
 def test_an_executor_failure_fails_everything_in_flight_and_refuses_new_work(tmp_path):
-    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path)), bindings=tle)
+    e = make(tmp_path)
     try:
         e.executor.fail_next_await = RuntimeError("CUDA error: an illegal memory access")
         e.add(req("x", max_tokens=30))
@@ -272,7 +276,7 @@ def test_the_scheduler_streams_sessions_through_the_trtllm_backend_and_closes_it
 
     cfg = load_config(None, {"scheduler.max_concurrent_sessions": 2, "scheduler.max_batch_size": 2,
                              "scheduler.reserved_slots": 0})
-    e = TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=2, max_seq_len=128), bindings=tle)
+    e = make(tmp_path, max_batch_size=2, max_seq_len=128)
     gate = AdmissionGate(2, 8)
     sch = Scheduler(cfg.scheduler, e, SilentCodec(), StreamSettings(warmup_frames=1), gate)
     events: dict[str, list] = {}
