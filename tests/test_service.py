@@ -267,3 +267,21 @@ def test_cancelled_stream_raises_for_a_consumer_still_reading():
 
     first, state = run(go())
     assert len(first.pcm) > 0 and state["active"] == 0
+
+
+def test_an_engine_built_for_another_gpu_or_model_is_refused_at_load(tmp_path):
+    from lyre.engine.backend import Environment, Manifest
+
+    engine_dir = tmp_path / "engine"
+    engine_dir.mkdir()
+    Manifest(model_source="canopylabs/orpheus-3b-0.1-ft@main", model_revision="abc", model_sha256="0" * 64,
+             tensorrt_llm_version="1.2.1", tensorrt_version="10.13.2.6", gpu_name="NVIDIA H100 80GB HBM3",
+             compute_capability=[9, 0], quantization="fp8", kv_cache_dtype="float16").write(engine_dir)
+    tts = service(**{"build.engine_dir": str(engine_dir)})
+    tts.model = checkpoint.resolve_model(tts.config.model, tts.config.codec)
+    a10g = Environment("NVIDIA A10G", (8, 6), "1.2.1", "10.13.2.6")
+    with pytest.raises(LyreError, match="GPU: built for NVIDIA H100.*this machine has NVIDIA A10G.*rebuild"):
+        tts._trtllm_engine(a10g)
+    h100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "1.2.1", "10.13.2.6")
+    with pytest.raises(LyreError, match="resolve to the demo checkpoint: set model.path"):
+        tts._trtllm_engine(h100)  # the manifest matches, but the tokenizer would be the demo's
