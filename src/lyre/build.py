@@ -31,7 +31,6 @@ log = logging.getLogger("lyre.build")
 
 QUANT_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
 BF16_MIN_CAPABILITY = (8, 0)
-CALIBRATION_VOICES_NOTE = "every built-in voice (model.voices), in turn"
 
 
 class BuildError(RuntimeError):
@@ -112,7 +111,6 @@ def plan_build(cfg: LyreConfig, env: Environment, force: bool = False) -> BuildP
         "samples": b.calibration_samples if quant == "fp8" else 0,
         "voices": list(cfg.model.voices),
         "continuation_tokens": CONTINUATION_TOKENS,
-        "max_seq_length": 0,  # set once the set is built
     }
     return BuildPlan(model, download, engine_dir, b.quantization, quant, dtype, asdict(b), calibration, env,
                      warnings, blockers)
