@@ -8,6 +8,7 @@ iteration and returns the new token ids per request as :class:`TokenDelta`. A re
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -99,6 +100,18 @@ class EngineStats:
     kv_cache_bytes: int
     backend: str = "torch"
     extra: dict[str, float] = field(default_factory=dict)  # backend statistics (TensorRT-LLM: iteration stats)
+
+
+def check_prompt(request: GenerationRequest, vocab_size: int, in_engine: Container[str]) -> None:
+    """The checks every backend's ``add`` makes first: a new id, a non-empty prompt inside the vocabulary."""
+    if request.request_id in in_engine:
+        raise ValueError(f"request id {request.request_id!r} is already in the engine")
+    ids = request.prompt_ids
+    if not ids:
+        raise ValueError("the prompt is empty")
+    bad = next((i for i in ids if not 0 <= i < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"prompt id {bad} is outside the model's vocabulary (0..{vocab_size - 1})")
 
 
 class TokenEngine(Protocol):

@@ -28,7 +28,7 @@ import torch
 
 from lyre import checkpoint, orpheus
 from lyre.config import LyreConfig
-from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta
+from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, check_prompt
 from lyre.engine.llama import ForwardBatch, KVCache, Llama, load_llama
 from lyre.engine.sampling import SamplingBatch, apply_repetition_penalty, sample
 
@@ -165,15 +165,8 @@ class TorchEngine:
     def add(self, request: GenerationRequest) -> None:
         """Queue ``request``; it takes a slot at the next step with one free. Raises ValueError
         for a request that can never run (bad ids, prompt too long, duplicate id)."""
-        if request.request_id in self._by_id:
-            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        check_prompt(request, self.model.cfg.vocab_size, self._by_id)
         ids = request.prompt_ids
-        if not ids:
-            raise ValueError("the prompt is empty")
-        vocab = self.model.cfg.vocab_size
-        bad = next((i for i in ids if not 0 <= i < vocab), None)
-        if bad is not None:
-            raise ValueError(f"prompt id {bad} is outside the model's vocabulary (0..{vocab - 1})")
         if len(ids) >= self.cfg.max_seq_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens; a slot holds {self.cfg.max_seq_len} (kv_cache.max_seq_len), "

@@ -48,7 +48,7 @@ import torch
 from lyre import orpheus
 from lyre.config import LyreConfig
 from lyre.engine.backend import Manifest
-from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta
+from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta, check_prompt
 
 log = logging.getLogger("lyre.engine")
 
@@ -246,14 +246,8 @@ class TrtllmEngine:
         """Enqueue ``request`` with the executor. Raises ValueError for a request that can never run."""
         if self._failed is not None:
             raise ValueError(f"the TensorRT-LLM executor failed: {self._failed}")
-        if request.request_id in self._live:
-            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        check_prompt(request, self.cfg.vocab_size, self._live)
         ids = request.prompt_ids
-        if not ids:
-            raise ValueError("the prompt is empty")
-        bad = next((i for i in ids if not 0 <= i < self.cfg.vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"prompt id {bad} is outside the model's vocabulary (0..{self.cfg.vocab_size - 1})")
         if len(ids) > self.cfg.max_input_len or len(ids) >= self.cfg.max_seq_len:
             raise ValueError(
                 f"the prompt has {len(ids)} tokens; the engine was built for prompts up to {self.cfg.max_input_len} "
