@@ -341,11 +341,7 @@ def verify_llama_checkpoint(model_dir: Path) -> checkpoint.LlamaConfig:
         with safe_open(str(f), framework="pt") as st:
             for name in st.keys():  # noqa: SIM118 - safe_open has keys(), not iteration
                 shapes[name] = tuple(st.get_slice(name).get_shape())
-    for name, shape in config.weight_shapes().items():
-        if name not in shapes:
-            raise checkpoint.CheckpointError(f"{model_dir}: weight {name} is missing")
-        if shapes[name] != shape:
-            raise checkpoint.CheckpointError(f"{model_dir}: {name} has shape {shapes[name]}, config.json implies {shape}")
+    checkpoint.check_weight_shapes(shapes, config, str(model_dir))
     return config
 
 

@@ -185,15 +185,18 @@ def load_llama_weights(
 
 
 def check_llama_weights(weights: dict[str, torch.Tensor], config: LlamaConfig, source: str) -> None:
+    check_weight_shapes({name: tuple(t.shape) for name, t in weights.items()}, config, source)
+
+
+def check_weight_shapes(shapes: dict[str, tuple[int, ...]], config: LlamaConfig, source: str) -> None:
+    """Every weight ``config`` implies is present with its shape (CheckpointError naming the first that is not)."""
     expected = config.weight_shapes()
-    missing = [n for n in expected if n not in weights]
+    missing = [n for n in expected if n not in shapes]
     if missing:
         raise CheckpointError(f"{source}: {len(missing)} weights missing, first {missing[0]}")
     for name, shape in expected.items():
-        if tuple(weights[name].shape) != shape:
-            raise CheckpointError(
-                f"{source}: {name} has shape {tuple(weights[name].shape)}, config.json implies {shape}"
-            )
+        if shapes[name] != shape:
+            raise CheckpointError(f"{source}: {name} has shape {shapes[name]}, config.json implies {shape}")
     # Extra tensors (rotary inv_freq buffers, a redundant lm_head with tied embeddings) are ignored.
 
 
