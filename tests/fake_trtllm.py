@@ -417,9 +417,9 @@ def lockstep(engine: Any) -> Any:
     executor.lockstep = True
     step = engine.step
 
-    def step_in_lockstep():
+    def step_in_lockstep(order=None):
         executor.tick()
-        return step()
+        return step(order)
 
     engine.step = step_in_lockstep
     return engine

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,39 +42,40 @@ class FakeTokenEngine:
     max_batch_size: int = 2
     tokens_per_request: int = 70  # then end-of-speech
     fail_request: str | None = None  # this request id gets an error delta at its first step
-    policy: object = None
     chosen_log: list[list[str]] = field(default_factory=list)  # request ids decoded, per step
-    _active: list[_FakeSeq] = field(default_factory=list)
-    _waiting: list[_FakeSeq] = field(default_factory=list)
+    _active: list[_FakeSeq] = field(default_factory=list)  # admission order
     _n: int = 0
     total_tokens: int = 0
     steps: int = 0
 
-    def add(self, request: GenerationRequest) -> None:
+    def add(self, request: GenerationRequest) -> bool:
+        if any(s.request.request_id == request.request_id for s in self._active):
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        if len(self._active) >= self.capacity:
+            return False
         self._n += 1
-        self._waiting.append(_FakeSeq(request, self._n))
-        self._waiting.sort(key=lambda s: (-s.request.priority, s.order))
+        self._active.append(_FakeSeq(request, self._n))
+        return True
 
     def cancel(self, request_id: str) -> None:
-        for s in self._active + self._waiting:
+        for s in self._active:
             if s.request.request_id == request_id:
                 s.cancelled = True
 
     def has_work(self) -> bool:
-        return bool(self._active or self._waiting)
+        return bool(self._active)
 
     def stats(self) -> EngineStats:
-        return EngineStats(self.capacity, len(self._active), len(self._waiting), 0, self._n, self.total_tokens,
-                           self.steps, 0)
+        return EngineStats(self.capacity, len(self._active), 0, 0, self._n, self.total_tokens, self.steps, 0)
 
-    def step(self) -> list[TokenDelta]:
+    def step(self, order: Sequence[str] | None = None) -> list[TokenDelta]:
         deltas = []
-        for s in [s for s in self._active + self._waiting if s.cancelled]:
-            (self._active if s in self._active else self._waiting).remove(s)
+        for s in [s for s in self._active if s.cancelled]:
+            self._active.remove(s)
             deltas.append(TokenDelta(s.request.request_id, [], True, "cancelled"))
-        while self._waiting and len(self._active) < self.capacity:
-            self._active.append(self._waiting.pop(0))
-        chosen = self.policy.choose(list(self._active), self.max_batch_size) if self._active else []
+        by_id = {s.request.request_id: s for s in self._active}  # every one is ready (no prefill here)
+        wanted = list(by_id) if order is None else dict.fromkeys(order)
+        chosen = [by_id[rid] for rid in wanted if rid in by_id][: self.max_batch_size]
         self.chosen_log.append([s.request.request_id for s in chosen])
         self.steps += 1
         for s in chosen:

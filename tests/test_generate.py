@@ -54,3 +54,13 @@ def test_human_output_and_errors(demo_dir):
     assert bad.returncode == 1 and "outside the model's vocabulary" in bad.stderr
     bad = generate("--checkpoint", str(demo_dir / "llama"), "--temperature", "-1")
     assert bad.returncode == 1 and "temperature must be >= 0" in bad.stderr
+
+
+def test_requests_beyond_the_slots_join_as_slots_come_free(demo_dir):
+    out = generate("--checkpoint", str(demo_dir / "llama"), "--json", "--prompt-ids", "1,2,3", "--requests", "3",
+                   "--max-tokens", "5", "--temperature", "0", "--no-constrain",
+                   "--set", "scheduler.max_concurrent_sessions=1", "--set", "scheduler.max_batch_size=1")
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["request_id"] for r in rows] == ["r0", "r1", "r2"]
+    assert all(r["token_ids"] == rows[0]["token_ids"] and len(r["token_ids"]) == 5 for r in rows)

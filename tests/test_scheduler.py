@@ -7,7 +7,7 @@ import pytest
 
 from lyre.codec import StreamSettings
 from lyre.config import load_config
-from lyre.engine.base import SamplingParams
+from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.scheduler import (
     AdmissionGate,
     ChunkEvent,
@@ -119,6 +119,37 @@ def test_pending_queue_is_served_in_order_as_slots_free():
     firsts = [s.first_audio_at for s, _ in sessions]
     assert firsts == sorted(firsts)
     assert gate.inside == 0 and not sch.active and not engine.has_work()
+
+
+def test_a_freed_slot_goes_to_a_continuation_first_and_a_refused_session_waits_first_in_line():
+    sch, engine, clock, gate = make(capacity=2, batch=2, tokens=14, reserved_slots=1)
+    y, y_ev = open_session(sch, gate, clock, "y", segments=2)
+    run(sch, clock, 1)  # y#0 holds a slot; the other is reserved for new sessions: no look-ahead
+    assert engine.add(GenerationRequest("outsider", [1, 2, 3]))  # holds the other slot (never in the order)
+    z, z_ev = open_session(sch, gate, clock, "z")
+    run(sch, clock, 1)
+    assert z.status == "pending" and list(sch.pending) == [z] and not z.segments[0].submitted  # add said no slot
+    for _ in range(100):
+        run(sch, clock, 1)
+        if y.segments[0].done_generating:
+            break
+    run(sch, clock, 1)
+    assert y.segments[1].submitted and z.status == "pending"  # the continuation took y#0's slot, z still waits
+    engine.cancel("outsider")
+    run(sch, clock, 2)  # the engine frees the slot at its step; z takes it at the next
+    assert z.status == "active" and list(sch.pending) == []
+    run(sch, clock, 200)
+    assert done(y_ev).outcome == done(z_ev).outcome == "finished"
+
+
+def test_a_request_the_engine_refuses_as_invalid_fails_its_session_and_admission_goes_on():
+    sch, engine, clock, gate = make(capacity=2)
+    engine.add(GenerationRequest("dup#0", [1, 2, 3]))  # the fake engine refuses a second "dup#0"
+    bad, b_ev = open_session(sch, gate, clock, "dup")
+    good, g_ev = open_session(sch, gate, clock, "good")
+    run(sch, clock, 1)
+    assert done(b_ev).outcome == "failed" and "request refused by the engine" in done(b_ev).reason
+    assert good.status == "active" and not sch.pending and "dup" not in sch.active
 
 
 def test_session_timeout_cancels_and_frees_the_slot():

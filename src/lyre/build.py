@@ -18,6 +18,7 @@ import datetime
 import json
 import logging
 import shutil
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -185,10 +186,12 @@ def generate_continuations(
         slots=min(32, len(prompts)), max_batch_size=min(32, len(prompts)), max_seq_len=longest + tokens + 8,
         max_prefill_tokens=2048, device=device, dtype=dtype, kv_dtype=dtype))
     out: dict[str, list[int]] = {}
-    for i, p in enumerate(prompts):
-        engine.add(GenerationRequest(f"c{i}", p, SamplingParams(max_tokens=tokens, min_tokens=tokens, seed=seed + i)))
+    waiting = deque(GenerationRequest(f"c{i}", p, SamplingParams(max_tokens=tokens, min_tokens=tokens, seed=seed + i))
+                    for i, p in enumerate(prompts))
     with tqdm(total=len(prompts) * tokens, unit="tok", desc="calibration audio", disable=not progress) as bar:
-        while engine.has_work():
+        while waiting or engine.has_work():
+            while waiting and engine.add(waiting[0]):  # as slots come free
+                waiting.popleft()
             for d in engine.step():
                 out.setdefault(d.request_id, []).extend(d.token_ids)
                 bar.update(len(d.token_ids))

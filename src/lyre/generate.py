@@ -105,8 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     pending = list(enumerate(requests))
     try:
         while pending or engine.has_work():
-            while pending and pending[0][0] * args.stagger <= step:
-                engine.add(pending.pop(0)[1])
+            # a request joins at its step, or later when every slot is held then
+            while pending and pending[0][0] * args.stagger <= step and engine.add(pending[0][1]):
+                pending.pop(0)
             for delta in engine.step():
                 results[delta.request_id]["tokens"] += delta.token_ids
                 if delta.finished:

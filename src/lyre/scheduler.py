@@ -5,7 +5,7 @@ A session moves pending -> active -> finished | cancelled | failed. Only the eng
 bounded admission decision) and messages, and receives events through each session's ``sink``.
 
 ``Scheduler.step()`` reads as: expire (timeouts, stalled consumers, cancels) -> admit (pending
-sessions into free KV slots) -> engine step (the policy chooses which sessions decode) -> route
+sessions into free KV slots) -> engine step (in the order the policy gives the sessions) -> route
 tokens into each segment's parser and stream decoder -> decode every due chunk in batched SNAC
 calls -> deliver.
 """
@@ -228,8 +228,6 @@ class Scheduler:
         self._planned: list = []
         self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lyre-snac") if overlap_codec else None
         self.publish()
-        if hasattr(engine, "policy"):
-            engine.policy = self  # the engine asks us which ready sequences decode
 
     # --- messages from the consumer side (delivered on the engine thread) -----------------------
 
@@ -257,17 +255,18 @@ class Scheduler:
         before = (self.total_ended, len(self.pending))
         self._expire(now)
         self._admit()
+        order = self._decode_order(now)
         t0 = time.perf_counter()
         if self._overlap is not None:
             # SNAC decodes last round's chunks on its own thread while the engine steps.
             jobs, self._planned = self._planned, []
             decoding = self._overlap.submit(self._decode, jobs) if jobs else None
-            deltas = self.engine.step() if self.active or self.engine.has_work() else []
+            deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
             self._route(deltas, now)
             chunks = self._deliver_audio(jobs, decoding.result(), self.clock()) if decoding else 0
             self._planned = self._plan_audio(self.clock())
         else:
-            deltas = self.engine.step() if self.active or self.engine.has_work() else []
+            deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
             self._route(deltas, now)
             jobs = self._plan_audio(self.clock())
             chunks = self._deliver_audio(jobs, self._decode(jobs), self.clock()) if jobs else 0
@@ -330,57 +329,58 @@ class Scheduler:
                 self._end(s, CANCELLED, reason, now)
 
     def _admit(self) -> None:
+        """Give free KV slots to, in turn: continuations (no gap mid-stream), pending sessions in
+        order, then the next segment's prefill ahead of time where a slot is spare (its decoding
+        waits). What the engine has no slot for stays where it is and is tried at a later step."""
+        for s in list(self.active.values()):
+            k = _next_unsubmitted(s)
+            if k is not None and s.segments[k - 1].done_generating:
+                self._submit_segment(s, k)
         while self.pending and len(self.active) < self.engine.capacity:
-            s = self.pending.popleft()
-            s.status = ACTIVE
-            self.active[s.session_id] = s
-            self._submit_segment(s, 0)
-        # Start the next segment's prefill early where a slot is spare (its decoding waits).
+            s = self.pending[0]
+            if not self._submit_segment(s, 0) and s.status == PENDING:
+                break  # no free slot: it stays first in line
+            self.pending.popleft()
+            if s.status == PENDING:
+                s.status = ACTIVE
+                self.active[s.session_id] = s
         stats = self.engine.stats()
         spare = self.engine.capacity - stats.active - stats.waiting
-        for s in self.active.values():
-            k = next((i for i, seg in enumerate(s.segments) if not seg.submitted), None)
-            if k is None:
-                continue
-            previous_done = s.segments[k - 1].done_generating
-            one_ahead = k < 2 or s.segments[k - 2].done_generating
-            # continuation always; look-ahead one segment, only into spare slots beyond those reserved for new sessions
-            if previous_done or (one_ahead and spare > self.cfg.reserved_slots):
-                self._submit_segment(s, k)
-                spare -= 0 if previous_done else 1
+        for s in list(self.active.values()):
+            k = _next_unsubmitted(s)
+            one_ahead = k is not None and (k < 2 or s.segments[k - 2].done_generating)
+            # look-ahead one segment, only into spare slots beyond those reserved for new sessions
+            if one_ahead and spare > self.cfg.reserved_slots and self._submit_segment(s, k):
+                spare -= 1
 
-    def _submit_segment(self, s: Session, k: int) -> None:
+    def _submit_segment(self, s: Session, k: int) -> bool:
+        """Add segment ``k`` to the engine; False (nothing changed) when the engine has no free slot.
+        A request the engine refuses as invalid fails the session (its status says so)."""
         seg = s.segments[k]
-        seg.submitted = True
-        seg.decoder = StreamDecoder(self.stream_settings)
         rid = s.request_id(k)
-        self._by_request[rid] = (s, k)
         # continuations first (no gap mid-stream), then sessions still waiting for their first audio
         priority = 2 if k > 0 else 1 if s.first_audio_at is None else 0
         try:
-            self.engine.add(GenerationRequest(rid, seg.prompt_ids, s.sampling, priority=priority))
+            if not self.engine.add(GenerationRequest(rid, seg.prompt_ids, s.sampling, priority=priority)):
+                return False
         except ValueError as e:  # the service validates first; this is the last line of defence
-            del self._by_request[rid]
             self._end(s, FAILED, f"request refused by the engine: {e}", self.clock())
+            return False
+        seg.submitted = True
+        seg.decoder = StreamDecoder(self.stream_settings)
+        self._by_request[rid] = (s, k)
+        return True
 
-    # engine batch policy hook ------------------------------------------------------------------
-
-    def choose(self, ready: list, limit: int) -> list:
-        """``BatchPolicy`` for the engine: sequences of the sessions the policy picks. A segment
-        prefilled ahead of time waits until the segment before it has finished generating."""
-        now = self.clock()
-        by_session: dict[str, Any] = {}
-        for seq in ready:
-            s, k = self._by_request.get(seq.request.request_id, (None, None))
-            if s is None:
-                continue
-            if all(seg.done_generating for seg in s.segments[:k]):
-                by_session.setdefault(s.session_id, seq)
-        sessions = [self.active[sid] for sid in by_session if sid in self.active]
-        chosen = self.policy.choose(sessions, limit, self.step_count, now)
-        for s in chosen:
-            s.last_run_step = self.step_count
-        return [by_session[s.session_id] for s in chosen]
+    def _decode_order(self, now: float) -> list[str]:
+        """Request ids that may decode this step, most urgent first (the policy's order): each
+        active session's generating segment. A segment prefilled ahead of time waits until the
+        segment before it has finished generating."""
+        generating: dict[Session, str] = {}
+        for s in self.active.values():
+            k = next((i for i, seg in enumerate(s.segments) if not seg.done_generating), None)
+            if k is not None and s.segments[k].submitted:
+                generating[s] = s.request_id(k)
+        return [generating[s] for s in self.policy.order(list(generating), self.step_count, now)]
 
     # --- tokens in, audio out -------------------------------------------------------------------
 
@@ -391,6 +391,8 @@ class Scheduler:
                 continue
             seg = s.segments[k]
             if d.token_ids:
+                if all(earlier.done_generating for earlier in s.segments[:k]):
+                    s.last_run_step = self.step_count  # it decoded (a look-ahead prefill does not count)
                 s.tokens += len(d.token_ids)
                 if s.first_token_at is None:
                     s.first_token_at = now
@@ -489,6 +491,10 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.sessions.labels(outcome=reason or status).inc()
         s.sink(DoneEvent(status, reason, metrics))
+
+
+def _next_unsubmitted(s: Session) -> int | None:
+    return next((i for i, seg in enumerate(s.segments) if not seg.submitted), None)
 
 
 def _fade_segment_edges(pcm: np.ndarray, fade_in: bool, fade_out: bool, n: int = 240) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -88,12 +89,15 @@ def drive(
     on_step: Callable[[int, list[TokenDelta]], None] | None = None,
     max_steps: int = 10_000,
 ) -> dict[str, list[TokenDelta]]:
-    """Step ``engine`` until idle, adding ``arrivals[step]`` before each step; deltas per request."""
+    """Step ``engine`` until idle, adding ``arrivals[step]`` before each step (a request that finds
+    every slot held is added again before each later step until it gets one); deltas per request."""
     out: dict[str, list[TokenDelta]] = {}
+    waiting: deque[GenerationRequest] = deque()
     step = 0
-    while (step <= max(arrivals, default=0) or engine.has_work()) and step < max_steps:
-        for req in arrivals.get(step, []):
-            engine.add(req)
+    while (step <= max(arrivals, default=0) or waiting or engine.has_work()) and step < max_steps:
+        waiting.extend(arrivals.get(step, []))
+        while waiting and engine.add(waiting[0]):
+            waiting.popleft()
         deltas = engine.step()
         for d in deltas:
             out.setdefault(d.request_id, []).append(d)

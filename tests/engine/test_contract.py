@@ -54,12 +54,12 @@ def engine(request, demo_dir, tmp_path):
         e.close()
 
 
-def drain(engine, max_steps=5000, on_step=None) -> dict[str, list]:
+def drain(engine, max_steps=5000, on_step=None, order=None) -> dict[str, list]:
     out: dict[str, list] = {}
     for _ in range(max_steps):
         if not engine.has_work():
             return out
-        deltas = engine.step()
+        deltas = engine.step(order)
         if on_step:
             on_step(deltas)
         for d in deltas:
@@ -85,13 +85,56 @@ def test_a_request_streams_exactly_max_tokens_and_finishes_once(engine):
 
 
 def test_more_requests_than_capacity_all_finish_without_exceeding_it(engine):
-    for i in range(CAPACITY * 2 + 1):
-        engine.add(request(f"r{i}", 14, seed=i))
+    waiting = [request(f"r{i}", 14, seed=i) for i in range(CAPACITY * 2 + 1)]
+    assert [engine.add(r) for r in waiting] == [True] * CAPACITY + [False] * (CAPACITY + 1)
+    del waiting[:CAPACITY]
     assert engine.stats().capacity == CAPACITY
+    out: dict[str, list] = {}
     peaks = []
-    out = drain(engine, on_step=lambda _: peaks.append(engine.stats().active))
+    while waiting or engine.has_work():
+        assert len(peaks) < 5000, "the engine did not finish"
+        while waiting and engine.add(waiting[0]):  # the caller keeps what was refused and retries
+            waiting.pop(0)
+        for d in engine.step():
+            out.setdefault(d.request_id, []).append(d)
+        peaks.append(engine.stats().active)
     assert max(peaks) <= CAPACITY
     assert all(len(tokens(out[f"r{i}"])) == 14 for i in range(CAPACITY * 2 + 1))
+
+
+def test_add_returns_false_when_every_slot_is_held_and_queues_nothing(engine):
+    for i in range(CAPACITY):
+        assert engine.add(request(f"r{i}", 7, seed=i)) is True
+    assert engine.add(request("extra", 7, seed=9)) is False
+    s = engine.stats()
+    assert (s.active, s.waiting, s.total_requests) == (CAPACITY, 0, CAPACITY)
+    out = drain(engine)
+    assert "extra" not in out and sorted(out) == [f"r{i}" for i in range(CAPACITY)]
+    assert engine.add(request("extra", 7, seed=9)) is True  # the same id: nothing of it was kept
+    assert len(tokens(drain(engine)["extra"])) == 7
+
+
+def test_a_freed_slot_is_taken_by_the_next_add(engine):
+    engine.add(request("short", 3, seed=1))
+    for i in range(1, CAPACITY):
+        engine.add(request(f"long{i}", 60, seed=i))
+    assert not engine.add(request("next", 7, seed=5))
+    for _ in range(200):
+        if any(d.request_id == "short" and d.finished for d in engine.step()):
+            break
+    assert engine.add(request("next", 7, seed=5)) is True
+    assert engine.add(request("one-too-many", 7, seed=6)) is False
+    for i in range(1, CAPACITY):
+        engine.cancel(f"long{i}")
+    out = drain(engine)
+    assert len(tokens(out["next"])) == 7 and "one-too-many" not in out
+
+
+def test_step_accepts_an_order_and_ignores_unknown_ids(engine):
+    engine.add(request("a", 14, seed=1))
+    engine.add(request("b", 21, seed=2))
+    out = drain(engine, order=["b", "no-such-request", "a"])
+    assert len(tokens(out["a"])) == 14 and len(tokens(out["b"])) == 21
 
 
 def test_cancel_ends_a_request_with_nothing_after_it(engine):

@@ -29,8 +29,8 @@ def test_staggered_requests_match_transformers(shape, shape_dirs):
     model_dir = shape_dirs[shape]
     hf = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     vocab = hf.config.vocab_size
-    # Fewer slots than requests (queueing, slot reuse), a batch smaller than the active set, and a
-    # prefill budget that splits the long prompts into chunks.
+    # Fewer slots than requests (refused adds retried as slots free, slot reuse), a batch smaller than
+    # the active set, and a prefill budget that splits the long prompts into chunks.
     engine = make_engine(model_dir, slots=4, max_batch_size=3, max_prefill_tokens=16, max_seq_len=96)
     gen = torch.Generator().manual_seed(0)
     lengths = [3, 40, 7, 1, 23, 11, 31, 5, 17, 2]

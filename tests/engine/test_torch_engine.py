@@ -1,4 +1,5 @@
-"""TorchEngine behaviour: slots, queueing, prefill, cancellation, errors, seeds, the audio constraint."""
+"""TorchEngine behaviour: slots, the caller's decode order, prefill, cancellation, errors, seeds, the
+audio constraint."""
 
 from __future__ import annotations
 
@@ -38,20 +39,75 @@ def test_kv_cache_is_allocated_once_and_slots_come_back(engine):
     assert sorted(engine._free_slots) == [0, 1, 2, 3] and not engine._by_id  # nothing kept per finished request
 
 
-def test_requests_beyond_the_slots_wait_and_higher_priority_goes_first(engine):
+def test_add_takes_the_lowest_free_slot_at_once_or_refuses_and_keeps_nothing(engine):
+    params = SamplingParams(max_tokens=50, seed=2)
+    assert all(engine.add(GenerationRequest(f"busy{i}", speech_prompt(i), params)) for i in range(4))
+    assert sorted(s.slot for s in engine._active.values()) == [0, 1, 2, 3]  # slots taken in add(), before any step
+    before = engine.stats()
+    assert engine.add(GenerationRequest("late", speech_prompt(5), params)) is False
+    with pytest.raises(ValueError, match="empty"):  # a request that can never run is still refused as such
+        engine.add(GenerationRequest("bad", [], params))
+    after = engine.stats()
+    assert (after.active, after.waiting, after.total_requests) == (4, 0, before.total_requests)
+    assert "late" not in engine._by_id
+    assert "late" not in {d.request_id for d in engine.step()}
+    engine.cancel("busy2")
+    engine.cancel("busy0")
+    engine.step()  # frees slots 0 and 2
+    assert engine.add(GenerationRequest("late", speech_prompt(5), params))  # the same id again: nothing was kept
+    assert engine._by_id["late"].slot == 0
+    for i in (1, 3):
+        engine.cancel(f"busy{i}")
+    engine.cancel("late")
+    engine.step()
+    assert not engine.has_work() and sorted(engine._free_slots) == [0, 1, 2, 3]
+
+
+def test_prompts_prefill_by_priority_then_admission_order(engine):
     params = SamplingParams(max_tokens=3, seed=2)
-    for i in range(4):
-        engine.add(GenerationRequest(f"busy{i}", speech_prompt(i), params))
-    engine.add(GenerationRequest("low", speech_prompt(5), params, priority=0))
-    engine.add(GenerationRequest("high", speech_prompt(6), params, priority=5))
-    order = []
-    while engine.has_work():
-        for d in engine.step():
-            if d.token_ids and d.request_id in ("low", "high") and d.request_id not in order:
-                order.append(d.request_id)
-        stats = engine.stats()
-        assert stats.active <= 4
-    assert order == ["high", "low"]
+    low, high = speech_prompt(5, extra=3), speech_prompt(6, extra=3)  # 12 tokens each; the budget is 16
+    engine.add(GenerationRequest("low", low, params, priority=0))
+    engine.add(GenerationRequest("high", high, params, priority=5))
+    assert [d.request_id for d in engine.step()] == ["high"]  # high's whole prompt, then 4 of low's
+    assert engine.stats().prefilling == 1
+    assert "low" in {d.request_id for d in engine.step()}
+    drive(engine, {})
+
+
+def test_order_decides_who_decodes_when_more_are_ready_than_the_batch(demo_dir):
+    eng = make_engine(demo_dir / "llama", slots=4, max_batch_size=2, max_prefill_tokens=64)
+    for rid in "abcd":
+        assert eng.add(GenerationRequest(rid, speech_prompt(ord(rid)),
+                                         SamplingParams(max_tokens=20, min_tokens=20, seed=1)))
+    assert sorted(d.request_id for d in eng.step(order=[])) == ["a", "b", "c", "d"]  # prefill ignores the order
+
+    def decoded(order):
+        return [d.request_id for d in eng.step(order)]
+
+    assert decoded(["d", "b", "a", "c"]) == ["d", "b"]  # the first max_batch_size of the order
+    assert decoded(["no-such", "c", "c", "also-unknown"]) == ["c"]  # unknown ids ignored, duplicates once
+    assert decoded(None) == ["a", "b"]  # no order: earliest admitted first
+    assert decoded([]) == []
+    eng.cancel("a")
+    assert sorted(decoded(["a", "c", "d"])) == ["a", "c", "d"]  # a's cancellation; c and d decode
+    while eng.has_work():
+        eng.step(["b", "c", "d"])
+
+
+def test_a_request_not_in_the_order_still_prefills_and_samples_its_first_token(engine):
+    params = SamplingParams(max_tokens=30, min_tokens=30, seed=4)
+    engine.add(GenerationRequest("talker", speech_prompt(0), params))
+    engine.step()
+    long_prompt = speech_prompt(1, extra=30)  # 39 tokens: 3 steps of the 16-token budget
+    engine.add(GenerationRequest("long", long_prompt, params))
+    seen = [[d.request_id for d in engine.step(["talker"])] for _ in range(3)]
+    assert seen == [["talker"], ["talker"], ["talker", "long"]]  # long's first token when its prefill ends
+    assert [d.request_id for d in engine.step(["talker"])] == ["talker"]  # ready, but not in the order
+    assert [d.request_id for d in engine.step(["long"])] == ["long"]
+    engine.cancel("talker")
+    engine.cancel("long")
+    engine.step()
+    assert not engine.has_work()
 
 
 def test_several_prompts_prefill_in_one_forward(engine):
@@ -87,21 +143,20 @@ def test_a_long_prompt_is_chunked_and_never_stalls_decoding(engine):
         engine.step()
 
 
-def test_cancel_frees_the_slot_at_the_next_step_for_waiting_and_active(engine):
+def test_cancel_frees_the_slot_at_the_next_step(engine):
     params = SamplingParams(max_tokens=50, seed=6)
-    for i in range(5):
+    for i in range(4):
         engine.add(GenerationRequest(f"c{i}", speech_prompt(i), params))
     engine.step()
-    assert engine.stats().active == 4 and engine.stats().waiting == 1
-    engine.cancel("c4")  # waiting
-    engine.cancel("c1")  # active
+    assert engine.stats().active == 4
+    engine.cancel("c1")
     engine.cancel("no-such-request")  # ignored
+    assert not engine.add(GenerationRequest("next", speech_prompt(9), params))  # c1 holds its slot until the step
     deltas = {d.request_id: d for d in engine.step()}
-    assert deltas["c4"].finish_reason == "cancelled" and deltas["c4"].token_ids == []
-    assert deltas["c1"].finish_reason == "cancelled"
-    assert engine.stats().active == 3 and engine.stats().waiting == 0
-    engine.add(GenerationRequest("next", speech_prompt(9), params))
-    assert "next" in {d.request_id for d in engine.step()}  # took the freed slot at once
+    assert deltas["c1"].finish_reason == "cancelled" and deltas["c1"].token_ids == []
+    assert engine.stats().active == 3
+    assert engine.add(GenerationRequest("next", speech_prompt(9), params))
+    assert "next" in {d.request_id for d in engine.step()}  # prefilled in the freed slot at once
     for rid in ("c0", "c2", "c3", "next"):
         engine.cancel(rid)
     engine.step()

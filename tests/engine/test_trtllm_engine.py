@@ -104,21 +104,37 @@ def test_unseeded_requests_get_distinct_random_seeds(engine):
     assert len(set(seeds)) == 4 and all(s is not None and s >= 0 for s in seeds)
 
 
-def test_priorities_map_onto_the_executor_range_and_new_sessions_overtake_the_queue(tmp_path):
+def test_priorities_map_onto_the_executor_range(engine):
     assert [executor_priority(p) for p in (0, 1, 2, 7)] == [0.5, 0.75, 1.0, 1.0]
+    for rid, priority in (("ongoing", 0), ("new", 1), ("continuation", 2)):
+        engine.add(req(rid, priority=priority))
+    assert [r.priority for r in engine.executor.enqueued] == [0.5, 0.75, 1.0]
+
+
+def test_add_returns_false_at_the_engine_batch_size_and_enqueues_nothing(tmp_path):
     e = make(tmp_path, max_batch_size=1)
     try:
-        e.add(req("running", max_tokens=3))
-        e.step()  # "running" holds the one slot
-        e.add(req("old", max_tokens=3, priority=0))
-        e.add(req("new", max_tokens=3, priority=1))
-        order = []
-        while e.has_work():
-            order += [d.request_id for d in e.step() if d.finished]
-        assert [r.priority for r in e.executor.enqueued] == [0.5, 0.5, 0.75]
-        assert order == ["running", "new", "old"]
+        assert e.capacity == 1 and e.add(req("running", max_tokens=3)) is True
+        assert e.add(req("next", max_tokens=3, priority=1)) is False
+        assert len(e.executor.enqueued) == 1 and (e.stats().active, e.stats().total_requests) == (1, 1)
+        assert "next" not in run(e)
+        assert e.add(req("next", max_tokens=3, priority=1)) is True  # the slot came free
+        assert len(e.executor.enqueued) == 2 and tokens(run(e)["next"])
     finally:
         e.close()
+
+
+def test_step_accepts_an_order_and_ignores_it(engine):
+    # The executor batches every admitted request itself: requests outside the order still decode.
+    engine.add(req("a", max_tokens=7, min_tokens=7))
+    engine.add(req("b", max_tokens=7, min_tokens=7))
+    out: dict[str, list] = {}
+    for _ in range(2000):
+        if not engine.has_work():
+            break
+        for d in engine.step(order=["b", "no-such-request"]):
+            out.setdefault(d.request_id, []).append(d)
+    assert not engine.has_work() and len(tokens(out["a"])) == 7 and len(tokens(out["b"])) == 7
 
 
 def test_bad_requests_are_refused_before_reaching_the_executor(engine):

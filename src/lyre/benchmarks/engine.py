@@ -12,6 +12,7 @@ from __future__ import annotations
 import platform
 import statistics
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -34,12 +35,14 @@ def _prompts(model_dir: Path, cfg: LyreConfig, n: int) -> list[list[int]]:
 
 
 def run_engine_level(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams, tag: str) -> dict[str, float]:
-    """Run all ``prompts`` together to completion; tokens/s and per-step times."""
-    for i, p in enumerate(prompts):
-        engine.add(GenerationRequest(f"{tag}-{i}", p, replace(params, seed=i)))
+    """Run all ``prompts`` together to completion (those beyond the free slots as slots come free);
+    tokens/s and per-step times."""
+    waiting = deque(GenerationRequest(f"{tag}-{i}", p, replace(params, seed=i)) for i, p in enumerate(prompts))
     tokens, step_s = 0, []
     t0 = time.perf_counter()
-    while engine.has_work():
+    while waiting or engine.has_work():
+        while waiting and engine.add(waiting[0]):
+            waiting.popleft()
         s0 = time.perf_counter()
         deltas = engine.step()
         step_s.append(time.perf_counter() - s0)

@@ -1,14 +1,17 @@
 """The ``TokenEngine`` contract shared by every backend (DESIGN.md section 2).
 
-An engine owns the model and its KV cache and is driven by one thread:
-``add(request)`` queues a generation, ``cancel(request_id)`` ends one, and each ``step()`` runs one
-iteration and returns the new token ids per request as :class:`TokenDelta`. A request finishes with
-``finish_reason`` stop | length | cancelled | error, and its slot is free for the next step.
+An engine owns the model and its KV cache and is driven by one thread. It never calls back into
+its caller: ``add(request)`` puts a generation into a free KV slot at once or returns False (no slot
+free; nothing is queued, the caller keeps the request and tries again after a step),
+``cancel(request_id)`` ends one, and each ``step(order)`` runs one iteration, decoding the ready
+requests in the caller's order, and returns the new token ids per request as :class:`TokenDelta`.
+A request finishes with ``finish_reason`` stop | length | cancelled | error, and its slot is free
+for the next step.
 """
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -92,7 +95,7 @@ class TokenDelta:
 class EngineStats:
     capacity: int  # KV slots
     active: int  # requests holding a slot
-    waiting: int  # requests queued for a slot
+    waiting: int  # accepted requests not yet running (inside TensorRT-LLM's executor); always 0 for torch
     prefilling: int  # active requests whose prompt is not fully in the cache yet
     total_requests: int
     total_tokens: int  # generated tokens
@@ -115,13 +118,27 @@ def check_prompt(request: GenerationRequest, vocab_size: int, in_engine: Contain
 
 
 class TokenEngine(Protocol):
-    capacity: int
+    capacity: int  # KV slots: requests that can be in the engine at once
 
-    def add(self, request: GenerationRequest) -> None: ...
+    def add(self, request: GenerationRequest) -> bool:
+        """Give ``request`` a free KV slot at once and return True. Return False when every slot is
+        held: nothing is queued, the caller keeps the request and tries again after a later step.
+        Raise ValueError for a request that can never run (bad ids, prompt too long, duplicate id,
+        bad sampling values), whether or not a slot is free."""
+        ...
 
-    def cancel(self, request_id: str) -> None: ...
+    def cancel(self, request_id: str) -> None:
+        """End a request; its ``cancelled`` delta comes at the next step. Unknown ids are ignored."""
+        ...
 
-    def step(self) -> list[TokenDelta]: ...
+    def step(self, order: Sequence[str] | None = None) -> list[TokenDelta]:
+        """One iteration; this step's deltas. ``order``: the request ids allowed to decode this
+        step, most urgent first; the first ``max_batch_size`` of them that are ready (prefilled)
+        decode. Requests not in ``order`` do not decode, but every admitted request still
+        prefilling goes on prefilling (priority, then admission order, within the prefill budget),
+        and one whose prefill completes samples its first token. Unknown ids are ignored.
+        ``None``: every ready request, earliest admitted first (up to ``max_batch_size``)."""
+        ...
 
     def has_work(self) -> bool: ...
 

@@ -2,9 +2,9 @@
 
 ``TorchEngine.step()`` reads as schedule -> run -> postprocess:
 
-- schedule: free the slots of cancelled requests, give free slots to waiting requests (priority
-  first), ask the batch policy which decoding requests run, and fill the prefill budget
-  (``max_prefill_tokens``) with prompt chunks of requests still prefilling;
+- schedule: free the slots of cancelled requests, take as decoding requests the first
+  ``max_batch_size`` ready ones in the caller's ``order`` (default: earliest admitted first), and
+  fill the prefill budget (``max_prefill_tokens``) with prompt chunks of requests still prefilling;
 - run: one forward over all of it (decode tokens and prompt chunks together), logits only for the
   rows that sample, batched sampling;
 - postprocess: record tokens, finish on stop ids / max_tokens / a full slot, free those slots.
@@ -12,17 +12,20 @@
 With ``constrain_audio``, once a request is past start-of-speech only the 4096 ids of its current
 frame slot (plus end-of-speech at frame boundaries) can be sampled, and only those rows of
 ``lm_head`` are computed.
+
+``add`` puts a request into the lowest free slot at once, or returns False when none is free: the
+engine keeps no queue and never asks its caller anything.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import heapq
 import itertools
 import logging
 import random
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import torch
 
@@ -72,7 +75,7 @@ class TorchEngineConfig:
 
 
 # --------------------------------------------------------------------------------------------
-# per-request state and the batch policy
+# per-request state
 
 
 @dataclass(eq=False)
@@ -80,7 +83,7 @@ class Sequence:
     """The engine's state of one admitted request (owned by the engine thread)."""
 
     request: GenerationRequest
-    order: int  # admission order, for FIFO choices
+    order: int  # admission order: the default decode order and the prefill tie-break
     generator: torch.Generator
     slot: int = -1
     num_cached: int = 0  # tokens whose K/V are in the slot
@@ -107,34 +110,15 @@ class Sequence:
         return self.params.constrain_audio and self.audio_k is not None
 
 
-class BatchPolicy(Protocol):
-    def choose(self, ready: list[Sequence], limit: int) -> list[Sequence]:
-        """Which of the ``ready`` decoding sequences run this step (at most ``limit``)."""
-        ...
-
-
-class FifoPolicy:
-    """The earliest admitted sequences first."""
-
-    def choose(self, ready: list[Sequence], limit: int) -> list[Sequence]:
-        return sorted(ready, key=lambda s: s.order)[:limit]
-
-
 # --------------------------------------------------------------------------------------------
 # the engine
 
 
 class TorchEngine:
-    def __init__(
-        self,
-        model: Llama,
-        config: TorchEngineConfig,
-        policy: BatchPolicy | None = None,
-    ):
+    def __init__(self, model: Llama, config: TorchEngineConfig):
         self.model = model
         self.cfg = config
         self.device = torch.device(config.device)
-        self.policy = policy or FifoPolicy()
         self.capacity = config.slots
         mc = model.cfg
         self.cache = KVCache(mc, config.slots, config.max_seq_len, config.kv_dtype, self.device)
@@ -144,27 +128,24 @@ class TorchEngine:
             self.cache.k.element_size(), self.cache.nbytes / 2**30,
         )
         self._free_slots = list(range(config.slots))  # a heap: lowest slot first
-        self._waiting: list[tuple[int, int, Sequence]] = []  # heap of (-priority, order, seq)
         self._active: dict[int, Sequence] = {}  # slot -> sequence
-        self._by_id: dict[str, Sequence] = {}
-        self._cancel_waiting: list[Sequence] = []
+        self._by_id: dict[str, Sequence] = {}  # request id -> sequence, every one holding a slot
         self._order = itertools.count()
         self.total_requests = self.total_tokens = self.total_steps = 0
 
     @classmethod
-    def from_checkpoint(
-        cls, model_dir, config: TorchEngineConfig, policy: BatchPolicy | None = None
-    ) -> TorchEngine:
+    def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
         llama_cfg = checkpoint.read_llama_config(model_dir)
         weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
         model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
-        return cls(model, config, policy)
+        return cls(model, config)
 
     # --- the contract ---------------------------------------------------------------------------
 
-    def add(self, request: GenerationRequest) -> None:
-        """Queue ``request``; it takes a slot at the next step with one free. Raises ValueError
-        for a request that can never run (bad ids, prompt too long, duplicate id)."""
+    def add(self, request: GenerationRequest) -> bool:
+        """Put ``request`` into the lowest free slot (its prefill starts at the next step) and return
+        True; return False, keeping nothing, when every slot is held. Raises ValueError for a
+        request that can never run (bad ids, prompt too long, duplicate id, bad sampling values)."""
         check_prompt(request, self.model.cfg.vocab_size, self._by_id)
         ids = request.prompt_ids
         if len(ids) >= self.cfg.max_seq_len:
@@ -173,14 +154,18 @@ class TorchEngine:
                 f"leaving no room to generate"
             )
         request.sampling.validate()
+        if not self._free_slots:
+            return False
         seed = request.sampling.seed
         generator = torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63))
-        seq = Sequence(request=request, order=next(self._order), generator=generator)
+        seq = Sequence(request=request, order=next(self._order), generator=generator,
+                       slot=heapq.heappop(self._free_slots))
         if ids[-1] == orpheus.START_OF_SPEECH:
             seq.audio_k = 0
         self._by_id[request.request_id] = seq
-        heapq.heappush(self._waiting, (-request.priority, seq.order, seq))
+        self._active[seq.slot] = seq
         self.total_requests += 1
+        return True
 
     def cancel(self, request_id: str) -> None:
         """End a request; its slot is free at the next step. Unknown ids are ignored."""
@@ -195,7 +180,7 @@ class TorchEngine:
         return EngineStats(
             capacity=self.capacity,
             active=len(self._active),
-            waiting=len(self._waiting),
+            waiting=0,  # no queue: add() refuses when every slot is held
             prefilling=sum(s.prefilling for s in self._active.values()),
             total_requests=self.total_requests,
             total_tokens=self.total_tokens,
@@ -204,11 +189,15 @@ class TorchEngine:
         )
 
     @torch.inference_mode()
-    def step(self) -> list[TokenDelta]:
-        """One iteration: schedule -> run -> postprocess. Returns this step's deltas."""
+    def step(self, order: collections.abc.Sequence[str] | None = None) -> list[TokenDelta]:
+        """One iteration: schedule -> run -> postprocess. Returns this step's deltas.
+
+        ``order``: request ids allowed to decode, most urgent first; the first ``max_batch_size``
+        of them that are ready decode (unknown ids are ignored). ``None``: every ready request,
+        earliest admitted first. Prompt prefill goes on for every request still prefilling, in
+        ``order`` or not, and a request whose prefill completes samples its first token."""
         deltas = self._reap_cancelled()
-        self._admit()
-        decode, prefill = self._schedule()
+        decode, prefill = self._schedule(order)
         if not decode and not prefill:
             return deltas
         try:
@@ -225,24 +214,18 @@ class TorchEngine:
     # --- schedule -------------------------------------------------------------------------------
 
     def _reap_cancelled(self) -> list[TokenDelta]:
-        deltas = [self._finish(s, "cancelled") for s in list(self._active.values()) if s.cancelled]
-        if any(s.cancelled for _, _, s in self._waiting):
-            keep = [(p, o, s) for p, o, s in self._waiting if not s.cancelled]
-            deltas += [self._finish(s, "cancelled") for _, _, s in self._waiting if s.cancelled]
-            self._waiting = keep
-            heapq.heapify(self._waiting)
-        return deltas
+        return [self._finish(s, "cancelled") for s in list(self._active.values()) if s.cancelled]
 
-    def _admit(self) -> None:
-        while self._waiting and self._free_slots:
-            _, _, seq = heapq.heappop(self._waiting)
-            seq.slot = heapq.heappop(self._free_slots)
-            self._active[seq.slot] = seq
-
-    def _schedule(self) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
-        """Decoding sequences chosen by the policy, and (sequence, chunk length) prompt chunks."""
-        ready = [s for s in self._active.values() if not s.prefilling]
-        decode = self.policy.choose(ready, self.cfg.max_batch_size) if ready else []
+    def _schedule(
+        self, order: collections.abc.Sequence[str] | None
+    ) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+        """The decoding sequences (the first ``max_batch_size`` ready ones of ``order``), and
+        (sequence, chunk length) prompt chunks."""
+        if order is None:
+            candidates = sorted(self._active.values(), key=lambda s: s.order)
+        else:
+            candidates = [self._by_id[rid] for rid in dict.fromkeys(order) if rid in self._by_id]
+        decode = [s for s in candidates if not s.prefilling][: self.cfg.max_batch_size]
         budget = self.cfg.max_prefill_tokens
         prefill = []
         waiting_prompts = sorted(

@@ -7,8 +7,9 @@ module that mirrors those signatures. Expect to fix details the first time it me
 
 How it maps the contract:
 
-- ``add`` -> ``Executor.enqueue_request(Request(...))``: streaming, token ids only (no
-  detokenisation), ``max_tokens`` always set (the library's default is tiny), end-of-speech as
+- ``add`` -> ``Executor.enqueue_request(Request(...))`` while fewer than ``capacity`` (the build's
+  ``max_batch_size``) requests are live, else False (nothing enqueued): streaming, token ids only
+  (no detokenisation), ``max_tokens`` always set (the library's default is tiny), end-of-speech as
   ``end_id`` and the other Orpheus stop ids as ``stop_words``, the sampling settings as a
   ``SamplingConfig`` with a per-request seed (an unseeded request gets a random seed: the
   executor would otherwise give every request seed 0 and identical prompts identical audio),
@@ -27,8 +28,9 @@ How it maps the contract:
 
 Differences from the PyTorch engine: the repetition penalty covers the whole sequence (the
 executor has no window), ``record_logits`` is ignored, and the executor batches every admitted
-request each iteration (``scheduler.max_batch_size`` and the batch policy do not apply; the
-engine's ``build.max_batch_size`` does).
+request each iteration, so ``step(order)`` accepts the scheduler's order and ignores it
+(``scheduler.max_batch_size`` and the batch policy do not apply; the engine's
+``build.max_batch_size`` does).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import logging
 import queue
 import random
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -242,8 +245,9 @@ class TrtllmEngine:
 
     # --- the contract ---------------------------------------------------------------------------
 
-    def add(self, request: GenerationRequest) -> None:
-        """Enqueue ``request`` with the executor. Raises ValueError for a request that can never run."""
+    def add(self, request: GenerationRequest) -> bool:
+        """Enqueue ``request`` with the executor and return True; return False, enqueueing nothing,
+        when ``capacity`` requests are already live. Raises ValueError for a request that can never run."""
         if self._failed is not None:
             raise ValueError(f"the TensorRT-LLM executor failed: {self._failed}")
         check_prompt(request, self.cfg.vocab_size, self._live)
@@ -254,6 +258,8 @@ class TrtllmEngine:
                 f"(build.max_input_len) within {self.cfg.max_seq_len} tokens (build.max_seq_len)"
             )
         request.sampling.validate()
+        if len(self._live) >= self.capacity:
+            return False
         exec_id = self.executor.enqueue_request(self.to_executor_request(request))
         flight = _InFlight(request, exec_id)
         self._live[request.request_id] = flight
@@ -261,6 +267,7 @@ class TrtllmEngine:
         if request.sampling.constrain_audio:
             self.constraint.register(exec_id, list(ids), request.sampling.min_tokens)
         self.total_requests += 1
+        return True
 
     def to_executor_request(self, request: GenerationRequest) -> Any:
         """The executor ``Request`` for ``request`` (pure translation; no executor call)."""
@@ -305,8 +312,9 @@ class TrtllmEngine:
     def has_work(self) -> bool:
         return bool(self._live)
 
-    def step(self) -> list[TokenDelta]:
-        """Turn the responses that have arrived into deltas (waits ``step_wait_s`` for the first)."""
+    def step(self, order: Sequence[str] | None = None) -> list[TokenDelta]:
+        """Turn the responses that have arrived into deltas (waits ``step_wait_s`` for the first).
+        ``order`` is accepted and ignored: the executor batches every admitted request by itself."""
         deltas: dict[str, TokenDelta] = {}
         for flight in self._cancelled:
             deltas[flight.request.request_id] = self._finish(flight, "cancelled")
