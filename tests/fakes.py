@@ -3,7 +3,8 @@
 - ``FakeClock``: time that moves only when the test says so.
 - ``FakeTokenEngine``: the ``TokenEngine`` contract with scripted tokens instead of a model
   (stands in for a GPU engine so that scheduling decisions are the only thing under test).
-- ``SilentCodec``: returns silence of the right length instead of running SNAC.
+- ``SilentSnac``: a SNAC whose ``decode`` returns silence of the right length instead of running
+  the network (for the window codec, when only scheduling is under test).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
+import torch
 
 from lyre import orpheus
 from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta
@@ -95,9 +96,19 @@ class FakeTokenEngine:
         return deltas
 
 
-class SilentCodec:
+class SilentSnac:
     calls = 0
 
-    def decode(self, jobs):
+    def decode(self, codes):
         self.calls += 1
-        return [np.zeros(len(j.frames) * orpheus.SAMPLES_PER_FRAME, dtype=np.float32) for j in jobs]
+        b, t = codes[0].shape
+        return torch.zeros(b, 1, t * orpheus.SAMPLES_PER_FRAME)
+
+
+def silent_pipeline(settings=None, max_frames_per_round: int = 4096, overlap: bool = False):
+    """An :class:`AudioPipeline` over the window codec with a silent SNAC."""
+    from lyre.codec import StreamSettings, WindowCodec
+    from lyre.pipeline import AudioPipeline
+
+    return AudioPipeline(WindowCodec(SilentSnac()), settings or StreamSettings(warmup_frames=1), max_frames_per_round,
+                         overlap=overlap)

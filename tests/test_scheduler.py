@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from lyre.codec import StreamSettings
+from lyre.admission import AdmissionGate, Overloaded
 from lyre.config import load_config
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.scheduler import (
-    AdmissionGate,
-    ChunkEvent,
-    DeadlinePolicy,
-    DoneEvent,
-    FairPolicy,
-    Overloaded,
-    Scheduler,
-    Segment,
-    Session,
-)
+from lyre.policy import DeadlinePolicy, FairPolicy
+from lyre.scheduler import Scheduler
+from lyre.session import ChunkEvent, DoneEvent, Segment, Session
 
-from .fakes import FakeClock, FakeTokenEngine, SilentCodec
+from .fakes import FakeClock, FakeTokenEngine, silent_pipeline
 
 
 def make(policy="fair", capacity=4, batch=2, tokens=70, **sched):
@@ -29,14 +21,21 @@ def make(policy="fair", capacity=4, batch=2, tokens=70, **sched):
     clock = FakeClock()
     engine = FakeTokenEngine(capacity=capacity, max_batch_size=batch, tokens_per_request=tokens)
     gate = AdmissionGate(capacity, cfg.scheduler.max_pending)
-    sch = Scheduler(cfg.scheduler, engine, SilentCodec(), StreamSettings(warmup_frames=1), gate, clock=clock)
+    sch = Scheduler(cfg.scheduler, engine, silent_pipeline(), gate, clock=clock)
     return sch, engine, clock, gate
 
 
-def open_session(sch, gate, clock, name, segments=1):
+def open_session(sch, gate, clock, name, segments=1, reads=True):
+    """A session whose client takes every chunk as it comes (``reads``) or reads nothing itself."""
     events: list = []
+
+    def sink(ev):
+        events.append(ev)
+        if reads and isinstance(ev, ChunkEvent):
+            s.consumed_samples += len(ev.pcm)
+
     gate.enter()
-    s = Session(name, [Segment([1, 2, 3]) for _ in range(segments)], SamplingParams(), events.append, clock())
+    s = Session(name, [Segment([1, 2, 3]) for _ in range(segments)], SamplingParams(), sink, clock())
     sch.submit(s)
     return s, events
 
@@ -92,10 +91,8 @@ def test_deadline_policy_serves_the_session_about_to_run_dry():
     engine.chosen_log.clear()
     run(sch, clock, 10, dt=0.001)
     assert all(c == ["dry#0"] for c in engine.chosen_log)
-    # a fair scheduler would have alternated
-    policy = FairPolicy(sch.cfg)
-    assert policy.choose([ahead, dry], 1, step=100, now=clock())[0] in (ahead, dry)
-    assert DeadlinePolicy(sch.cfg).choose([ahead, dry], 1, step=sch.step_count, now=clock()) == [dry]
+    assert DeadlinePolicy(sch.cfg).order([ahead, dry], step=sch.step_count, now=clock())[0] is dry
+    assert FairPolicy(sch.cfg).order([dry, ahead], step=sch.step_count, now=clock())[0] is ahead  # round-robin
 
 
 def test_overload_is_refused_at_once_with_a_retry_estimate():
@@ -152,29 +149,107 @@ def test_a_request_the_engine_refuses_as_invalid_fails_its_session_and_admission
     assert good.status == "active" and not sch.pending and "dup" not in sch.active
 
 
-def test_session_timeout_cancels_and_frees_the_slot():
-    sch, engine, clock, gate = make(capacity=2, tokens=10_000, session_timeout_s=5.0)
-    s, events = open_session(sch, gate, clock, "long")
-    run(sch, clock, 10)
-    clock.advance(5.1)
-    run(sch, clock, 2)
-    assert done(events).outcome == "cancelled" and done(events).reason == "timeout"
+def listen(sch, clock, s, seconds, dt=0.002, speed=1.0, until=None):
+    """Step for ``seconds`` of the test's clock while ``s``'s client reads at ``speed`` x playback
+    speed from its first chunk on (never more than was delivered). Returns the most audio that
+    waited unread, in seconds."""
+    most_unread = 0.0
+    for _ in range(int(seconds / dt)):
+        sch.step()
+        clock.advance(dt)
+        if s.first_audio_at is not None:
+            due = int(speed * (clock() - s.first_audio_at) * 24000)
+            s.consumed_samples = min(s.audio_samples, max(s.consumed_samples, due))
+        most_unread = max(most_unread, s.unread_seconds)
+        if s.status != "active" or (until is not None and until()):
+            break
+    return most_unread
+
+
+def test_a_client_reading_at_playback_speed_is_never_cut_off_and_its_backlog_stays_bounded():
+    # the server generates ~6x faster than real time; the utterance (25.6 s) outlasts session_timeout_s
+    sch, engine, clock, gate = make(capacity=2, tokens=7 * 300, consumer_timeout_s=2.0, session_timeout_s=5.0,
+                                    max_buffer_s=1.0)
+    s, events = open_session(sch, gate, clock, "listener", reads=False)
+    most_unread = listen(sch, clock, s, seconds=40.0)
+    assert done(events) is not None and done(events).outcome == "finished"
+    assert s.audio_samples == 300 * 2048  # every frame delivered
+    assert most_unread <= 1.0 + 8 * 2048 / 24000  # max_buffer_s plus at most one chunk
+    assert clock() - s.created > 20.0  # it ran far longer than session_timeout_s: only a lack of progress counts
+
+
+def test_a_client_that_stops_reading_is_cut_off_once_it_is_consumer_timeout_s_behind_its_clock():
+    sch, engine, clock, gate = make(capacity=2, tokens=10_000, consumer_timeout_s=2.0, max_buffer_s=1.0)
+    reader, r_events = open_session(sch, gate, clock, "reader")  # takes every chunk at once
+    stalled, s_events = open_session(sch, gate, clock, "stalled", reads=False)
+    listen(sch, clock, stalled, seconds=10.0, speed=0.0)
+    assert done(s_events).outcome == "cancelled" and done(s_events).reason == "slow_consumer"
+    assert 2.0 < clock() - stalled.first_audio_at < 2.1
+    assert stalled.unread_seconds <= 1.0 + 8 * 2048 / 24000  # generation stopped while it read nothing
+    assert done(r_events) is None and reader.status == "active"  # the reader is unaffected
+    assert engine.stats().active == 1 and gate.inside == 1  # the slot is free
+
+
+def test_a_client_reading_at_half_speed_is_cut_off_when_it_falls_consumer_timeout_s_behind():
+    sch, engine, clock, gate = make(capacity=2, tokens=10_000, consumer_timeout_s=2.0, max_buffer_s=1.0)
+    slow, events = open_session(sch, gate, clock, "slow", reads=False)
+    listen(sch, clock, slow, seconds=10.0, speed=0.5)
+    assert done(events).reason == "slow_consumer"
+    assert 3.9 < clock() - slow.first_audio_at < 4.6  # it read 0.5 s per second of its clock: 2 s behind after ~4 s
+
+
+def test_a_client_that_read_ahead_may_pause():
+    sch, engine, clock, gate = make(capacity=2, tokens=7 * 150, consumer_timeout_s=2.0, max_buffer_s=1.0)
+    s, events = open_session(sch, gate, clock, "reader", reads=False)
+
+    def step(seconds, read):
+        for _ in range(int(seconds / 0.002)):
+            sch.step()
+            clock.advance(0.002)
+            if read:
+                s.consumed_samples = s.audio_samples
+
+    step(1.0, read=True)  # takes everything as it comes: ~6 s of audio in 1 s
+    assert s.consumed_samples > 5 * 24000
+    step(4.0, read=False)  # pauses 4 s, longer than consumer_timeout_s, while ahead of its clock
+    assert done(events) is None
+    step(10.0, read=True)
+    assert done(events).outcome == "finished" and s.audio_samples == 150 * 2048
+
+
+def test_a_session_without_progress_times_out_and_frees_its_slot():
+    # its client reads nothing, and after max_buffer_s of audio the server stops generating for it
+    sch, engine, clock, gate = make(capacity=2, tokens=10_000, session_timeout_s=5.0, consumer_timeout_s=100.0,
+                                    max_buffer_s=1.0)
+    s, events = open_session(sch, gate, clock, "idle", reads=False)
+    listen(sch, clock, s, seconds=20.0, speed=0.0)
+    assert done(events).reason == "timeout"
+    assert 5.0 < clock() - s.last_token_at < 5.1
     assert engine.stats().active == 0 and gate.inside == 0
 
 
-def test_a_consumer_that_stops_reading_is_cancelled():
-    sch, engine, clock, gate = make(capacity=2, tokens=10_000, output_queue_chunks=4, consumer_timeout_s=2.0)
-    reader, r_events = open_session(sch, gate, clock, "reader")
-    stalled, s_events = open_session(sch, gate, clock, "stalled")
-    for _ in range(400):
-        sch.step()
-        clock.advance(0.01)
-        reader.consumed = sum(isinstance(e, ChunkEvent) for e in r_events)  # keeps up
-        if done(s_events):
-            break
-    assert done(s_events).reason == "slow_consumer"
-    assert sum(isinstance(e, ChunkEvent) for e in s_events) >= 4
-    assert done(r_events) is None and reader.status == "active"  # the reader is unaffected
+def test_a_pending_session_times_out_in_the_queue():
+    sch, engine, clock, gate = make(capacity=1, batch=1, tokens=10_000, session_timeout_s=5.0)
+    open_session(sch, gate, clock, "busy")
+    waiting, events = open_session(sch, gate, clock, "waiting")
+    run(sch, clock, 600, dt=0.01)
+    assert done(events).reason == "timeout" and waiting.tokens == 0
+
+
+def test_a_session_far_ahead_of_its_listener_yields_to_sessions_that_need_audio():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=10_000, max_buffer_s=1.0, consumer_timeout_s=100.0)
+    ahead, _ = open_session(sch, gate, clock, "ahead")  # its client takes everything: it is never throttled
+    run(sch, clock, 500, dt=0.002)
+    assert ahead.slack() > 3.0
+    newcomer, _ = open_session(sch, gate, clock, "new")
+    engine.chosen_log.clear()
+    while newcomer.slack() <= 1.0:
+        run(sch, clock, 1, dt=0.002)
+    while_needed = engine.chosen_log[:-1]
+    assert len(while_needed) > 20 and all(chosen == ["new#0"] for chosen in while_needed[1:])
+    engine.chosen_log.clear()
+    run(sch, clock, 20, dt=0.002)  # nobody needs audio now: both run
+    assert all(sorted(chosen) == ["ahead#0", "new#0"] for chosen in engine.chosen_log)
 
 
 def test_cancel_pending_and_active_sessions():

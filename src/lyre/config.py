@@ -64,8 +64,13 @@ class CodecConfig:
     path: str | None = None  # local SNAC directory; wins when set
     hf_id: str = "hubertsiuzdak/snac_24khz"
     revision: str = "main"
+    mode: Literal["stream", "window"] = "stream"  # stream: each frame decoded once; window: inside context windows
+    runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # stream mode on CPU: who runs the decoder
+    onnx_dir: str = "models/codec-onnx"  # the exported streaming decoder, cached per codec and torch version
     context_frames: int = _f(3, ge=0, le=9)
     warmup_frames: int = _f(4, ge=1, le=64)
+    max_chunk_frames: int = _f(8, ge=1, le=64)
+    max_frames_per_round: int = _f(16, ge=1, le=4096)
     noise: bool = True
     noise_seed: int | None = None
     fp16: bool = False
@@ -106,9 +111,9 @@ class SchedulerConfig:
     max_wait_steps: int = _f(4, ge=1)
     max_prefill_tokens: int = _f(512, ge=16)
     reserved_slots: int = _f(2, ge=0)
+    max_buffer_s: float = _f(2.0, gt=0.0, le=600.0)
     session_timeout_s: float = _f(120.0, gt=0.0)
     consumer_timeout_s: float = _f(10.0, gt=0.0)
-    output_queue_chunks: int = _f(64, ge=1)
 
 
 @dataclass(frozen=True)
@@ -358,6 +363,17 @@ def _check_relations(cfg: LyreConfig) -> None:
         raise ConfigError(
             f"config key 'model.default_voice' = {cfg.model.default_voice!r} is not allowed: must be one of "
             f"model.voices ({', '.join(cfg.model.voices)})"
+        )
+    c = cfg.codec
+    if c.max_chunk_frames < s.flush_every_n_tokens // 7:
+        raise ConfigError(
+            f"config key 'codec.max_chunk_frames' = {c.max_chunk_frames} is out of range: must be >= "
+            f"scheduler.flush_every_n_tokens / 7 ({s.flush_every_n_tokens // 7}), the smallest later chunk"
+        )
+    if c.max_frames_per_round < c.max_chunk_frames:
+        raise ConfigError(
+            f"config key 'codec.max_frames_per_round' = {c.max_frames_per_round} is out of range: must be >= "
+            f"codec.max_chunk_frames ({c.max_chunk_frames}), or the largest chunk could never be decoded"
         )
     b = cfg.build
     if b.max_input_len >= b.max_seq_len:

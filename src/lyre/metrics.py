@@ -35,6 +35,11 @@ class Metrics:
         self.kv_blocks = Gauge("lyre_kv_cache_blocks", "TensorRT-LLM paged KV cache blocks", ["state"], registry=r)
         self.engine_queued = Gauge("lyre_engine_queued_requests", "Requests queued inside the TensorRT-LLM executor",
                                    registry=r)
+        self.codec_decoded = Counter("lyre_codec_frames_decoded", "Frames run through the SNAC decoder (padding and "
+                                     "warm-up decodes included)", registry=r)
+        self.codec_emitted = Counter("lyre_codec_frames_emitted", "Frames of audio emitted by the codec", registry=r)
+        self.codec_seconds = Counter("lyre_codec_decode_seconds", "Time spent in SNAC decode calls", registry=r)
+        self._codec_seen = (0, 0.0, 0.0)
         self.total_batches = 0
 
     def observe_step(self, seconds: float, batch: int) -> None:
@@ -56,6 +61,15 @@ class Metrics:
         for state in ("used", "free", "max"):
             if f"kv_blocks_{state}" in extra:
                 self.kv_blocks.labels(state=state).set(extra[f"kv_blocks_{state}"])
+
+    def set_codec(self, counters) -> None:
+        """Bring the codec counters up to ``counters`` (a :class:`lyre.codec.base.CodecCounters`)."""
+        now = (counters.frames_decoded, counters.frames_emitted, counters.decode_s)
+        for counter, new, old in zip((self.codec_decoded, self.codec_emitted, self.codec_seconds), now,
+                                     self._codec_seen, strict=True):
+            if new > old:
+                counter.inc(new - old)
+        self._codec_seen = now
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric."""

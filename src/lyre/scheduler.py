@@ -1,200 +1,36 @@
-"""Sessions and their scheduling: admission, per-step batch choice, timeouts, audio delivery.
+"""The scheduler: sessions' lifecycle, the admission queue, the per-step batch order, session endings.
 
-A session moves pending -> active -> finished | cancelled | failed. Only the engine thread calls
-:class:`Scheduler`; the asyncio side talks to it through :class:`AdmissionGate` (an immediate,
-bounded admission decision) and messages, and receives events through each session's ``sink``.
+Only the engine thread calls :class:`Scheduler`; the asyncio side talks to it through the
+:class:`~lyre.admission.AdmissionGate` (an immediate, bounded admission decision) and messages,
+and receives events through each session's ``sink``.
 
-``Scheduler.step()`` reads as: expire (timeouts, stalled consumers, cancels) -> admit (pending
-sessions into free KV slots) -> engine step (in the order the policy gives the sessions) -> route
-tokens into each segment's parser and stream decoder -> decode every due chunk in batched SNAC
-calls -> deliver.
+``Scheduler.step()`` reads as: expire (cancels, stalled clients, sessions without progress) ->
+admit (pending sessions into free KV slots: the engine's ``add`` says when none is free) ->
+engine step (in the order the policy gives) -> route tokens into each segment's parser and codec
+stream -> audio (the :class:`~lyre.pipeline.AudioPipeline` decodes and delivers due chunks).
+
+Session-ending rules measure what they mean. A client is a slow consumer only when it is more
+than ``consumer_timeout_s`` behind its listener's clock (it read less audio than a real-time
+player would have played), or read nothing for that long while behind it; one reading at playback
+speed is never cut off, however far ahead the server is, because a session whose client holds
+``max_buffer_s`` of unread audio stops generating (backpressure) instead of piling audio up.
+``session_timeout_s`` counts time without progress (no token generated, no audio read), not age.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from lyre import orpheus
-from lyre.codec import SnacDecoder, StreamDecoder, StreamSettings
+from lyre.admission import AdmissionGate
 from lyre.config import SchedulerConfig
-from lyre.engine.base import GenerationRequest, SamplingParams, TokenDelta, TokenEngine
-
-log = logging.getLogger("lyre.scheduler")
-
-PENDING, ACTIVE, FINISHED, CANCELLED, FAILED = "pending", "active", "finished", "cancelled", "failed"
-
-
-# --------------------------------------------------------------------------------------------
-# events a session's sink receives (on the engine thread; the sink forwards them)
-
-
-@dataclass
-class ChunkEvent:
-    pcm: np.ndarray  # float32 samples at 24 kHz
-    offset: int  # absolute sample offset of pcm[0] in the session's audio
-    index: int  # 0, 1, 2, ...
-    late: bool  # arrived after the audio before it had finished playing
-
-
-@dataclass
-class DoneEvent:
-    outcome: str  # finished | cancelled | failed
-    reason: str | None  # why it was cancelled or failed: cancelled, timeout, slow_consumer, engine error ...
-    metrics: dict[str, Any]
-
-
-# --------------------------------------------------------------------------------------------
-# sessions
-
-
-@dataclass
-class Segment:
-    prompt_ids: list[int]
-    parser: orpheus.AudioTokenParser = field(default_factory=orpheus.AudioTokenParser)
-    decoder: StreamDecoder | None = None
-    submitted: bool = False
-    done_generating: bool = False
-
-
-@dataclass(eq=False)
-class Session:
-    """One synthesis request: its segments, tokens, status and delivery state.
-
-    The scheduler changes ``status``; the consumer side only bumps ``consumed``.
-    """
-
-    session_id: str
-    segments: list[Segment]
-    sampling: SamplingParams
-    sink: Callable[[ChunkEvent | DoneEvent], None]
-    created: float
-    order: int = 0
-    status: str = PENDING
-    current: int = 0  # segment whose audio is being emitted
-    tokens: int = 0  # generated tokens over all segments
-    last_run_step: int = -1
-    first_token_at: float | None = None
-    first_audio_at: float | None = None
-    audio_samples: int = 0  # delivered
-    chunks: int = 0  # delivered
-    consumed: int = 0  # chunks the consumer has taken (written by the consumer side)
-    stalled_since: float | None = None
-    late_chunks: int = 0
-    cancel_reason: str | None = None
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.audio_samples / orpheus.SAMPLE_RATE
-
-    def slack(self, now: float) -> float:
-        """Seconds of audio the listener holds beyond what has played (playback starts at the first
-        audio); -inf before the first audio."""
-        if self.first_audio_at is None:
-            return float("-inf")
-        return self.audio_seconds - (now - self.first_audio_at)
-
-    def request_id(self, k: int) -> str:
-        return f"{self.session_id}#{k}"
-
-
-# --------------------------------------------------------------------------------------------
-# admission
-
-
-class Overloaded(Exception):
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"the server is at capacity; retry after {retry_after_s:.1f} s")
-        self.retry_after_s = retry_after_s
-
-
-class AdmissionGate:
-    """Bounds sessions in the system (active + pending) and answers at once, from any thread."""
-
-    def __init__(self, max_active: int, max_pending: int):
-        self.max_active, self.max_pending = max_active, max_pending
-        self._lock = threading.Lock()
-        self._inside = 0
-        self.mean_session_s = 1.0  # exponential mean of finished sessions' durations
-
-    def enter(self) -> None:
-        with self._lock:
-            if self._inside >= self.max_active + self.max_pending:
-                raise Overloaded(self.retry_after())
-            self._inside += 1
-
-    def leave(self, duration_s: float | None = None) -> None:
-        with self._lock:
-            self._inside -= 1
-            if duration_s is not None:
-                self.mean_session_s = 0.8 * self.mean_session_s + 0.2 * duration_s
-
-    @property
-    def inside(self) -> int:
-        return self._inside
-
-    def retry_after(self) -> float:
-        """About when a place frees up: the queue ahead drains max_active sessions per mean session time."""
-        waves = 1 + max(0, self._inside - self.max_active) / self.max_active
-        return round(max(0.1, waves * self.mean_session_s), 1)
-
-
-# --------------------------------------------------------------------------------------------
-# batch policies: which active sessions decode this step when more are ready than max_batch_size
-
-
-class Policy:
-    def __init__(self, cfg: SchedulerConfig):
-        self.cfg = cfg
-
-    def choose(self, sessions: list[Session], limit: int, step: int, now: float) -> list[Session]:
-        """At most ``limit`` of ``sessions`` to decode this step."""
-        if len(sessions) <= limit:
-            return sessions
-        return self.order(sessions, step, now)[:limit]
-
-    def is_new(self, s: Session) -> bool:
-        return s.tokens < self.cfg.ttfb_priority_tokens
-
-    def order(self, sessions: list[Session], step: int, now: float) -> list[Session]:
-        raise NotImplementedError
-
-
-class FairPolicy(Policy):
-    """Seed 004: sessions that have waited max_wait_steps first (the starvation bound), then new
-    sessions (fewer than ttfb_priority_tokens), then the rest round-robin."""
-
-    def order(self, sessions, step, now):
-        def key(s: Session):
-            starving = step - s.last_run_step > self.cfg.max_wait_steps
-            return (not starving, not self.is_new(s), s.last_run_step, s.order)
-
-        return sorted(sessions, key=key)
-
-
-class DeadlinePolicy(Policy):
-    """New sessions first, then least playback slack (audio delivered minus time since the first
-    audio): a session far ahead of its listener yields its turn to one about to run dry. A waiting
-    session's slack shrinks as its listener plays, so nobody waits for ever."""
-
-    def order(self, sessions, step, now):
-        return sorted(sessions, key=lambda s: (not self.is_new(s), s.slack(now), s.order))
-
-
-POLICIES = {"fair": FairPolicy, "deadline": DeadlinePolicy}
-
-
-# --------------------------------------------------------------------------------------------
-# the scheduler
+from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
+from lyre.pipeline import AudioPipeline
+from lyre.policy import POLICIES, Policy
+from lyre.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
 
 
 class Scheduler:
@@ -202,22 +38,19 @@ class Scheduler:
         self,
         cfg: SchedulerConfig,
         engine: TokenEngine,
-        codec: SnacDecoder,
-        stream_settings: StreamSettings,
+        audio: AudioPipeline,
         gate: AdmissionGate,
         clock: Callable[[], float] = time.monotonic,
         metrics: Any = None,
-        overlap_codec: bool = False,
     ):
         self.cfg = cfg
         self.engine = engine
-        self.codec = codec
-        self.stream_settings = stream_settings
+        self.audio = audio
         self.gate = gate
         self.clock = clock
         self.metrics = metrics
         self.policy: Policy = POLICIES[cfg.policy](cfg)
-        self.pending: deque[Session] = deque()
+        self.pending: deque[Session] = deque()  # the one admission queue
         self.active: dict[str, Session] = {}
         self._by_request: dict[str, tuple[Session, int]] = {}
         self._order = itertools.count()
@@ -225,8 +58,6 @@ class Scheduler:
         self.total_sessions = 0
         self.total_ended = 0
         self.snapshot: dict[str, Any] = {}
-        self._planned: list = []
-        self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lyre-snac") if overlap_codec else None
         self.publish()
 
     # --- messages from the consumer side (delivered on the engine thread) -----------------------
@@ -255,32 +86,31 @@ class Scheduler:
         before = (self.total_ended, len(self.pending))
         self._expire(now)
         self._admit()
-        order = self._decode_order(now)
+        generating = self._generating()
+        order = [generating[s] for s in self.policy.decode_order(list(generating), self.step_count, now)]
         t0 = time.perf_counter()
-        if self._overlap is not None:
-            # SNAC decodes last round's chunks on its own thread while the engine steps.
-            jobs, self._planned = self._planned, []
-            decoding = self._overlap.submit(self._decode, jobs) if jobs else None
-            deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
-            self._route(deltas, now)
-            chunks = self._deliver_audio(jobs, decoding.result(), self.clock()) if decoding else 0
-            self._planned = self._plan_audio(self.clock())
-        else:
-            deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
-            self._route(deltas, now)
-            jobs = self._plan_audio(self.clock())
-            chunks = self._deliver_audio(jobs, self._decode(jobs), self.clock()) if jobs else 0
+        self.audio.begin()  # with overlap: last round's chunks decode while the engine steps
+        deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
+        self._route(deltas, now)
+        now = self.clock()
+        audio = self.audio.finish(list(self.active.values()), now)
+        for s, why in audio.failed:
+            self._end(s, FAILED, why, now)
+        for s in audio.finished:
+            self._end(s, FINISHED, None, now)
         self.step_count += 1
         if self.metrics is not None and deltas:
             self.metrics.observe_step(time.perf_counter() - t0, sum(1 for d in deltas if d.token_ids))
-        return bool(deltas or chunks or self._planned) or before != (self.total_ended, len(self.pending))
+        return bool(deltas) or audio.busy or before != (self.total_ended, len(self.pending))
 
     def publish(self) -> None:
         """Replace ``snapshot`` (seed 004's /v1/stats shape); other threads read only this."""
         e = self.engine.stats()
+        codec = self.audio.codec.stats()
         if self.metrics is not None:
             self.metrics.set_load(len(self.active), len(self.pending), e.active)
             self.metrics.set_engine(e.extra)
+            self.metrics.set_codec(self.audio.codec.counters)
         self.snapshot = {
             "scheduler": {
                 "total_sessions": self.total_sessions,
@@ -288,11 +118,13 @@ class Scheduler:
                 "pending_sessions": len(self.pending),
                 "max_concurrent": self.cfg.max_concurrent_sessions,
                 "policy": self.cfg.policy,
+                "throttled_sessions": sum(s.throttled for s in self.active.values()),
             },
             "kv_cache": {"used_slots": e.active, "free_slots": e.capacity - e.active},
             "total_tokens": e.total_tokens,
             "total_batches": e.total_steps,
             "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, **e.extra},
+            "codec": codec,
         }
 
     def shutdown(self, outcome: str = CANCELLED, reason: str = "shutdown") -> None:
@@ -303,11 +135,12 @@ class Scheduler:
         self.pending.clear()
         while self.engine.has_work():
             self.engine.step()
-        if self._overlap is not None:
-            self._overlap.shutdown()
+        self.audio.shutdown()
         self.publish()
         if hasattr(self.engine, "close"):
             self.engine.close()
+
+    # --- expire ---------------------------------------------------------------------------------
 
     def _expire(self, now: float) -> None:
         for s in list(self.pending):
@@ -316,17 +149,25 @@ class Scheduler:
                 self.pending.remove(s)
                 self._end(s, CANCELLED, reason, now)
         for s in list(self.active.values()):
+            s.tick(now)
+            s.throttled = s.unread_seconds > self.cfg.max_buffer_s
             reason = s.cancel_reason
-            if reason is None and now - s.created > self.cfg.session_timeout_s:
+            if reason is None and now - s.last_progress() > self.cfg.session_timeout_s:
                 reason = "timeout"
-            if reason is None and s.chunks - s.consumed >= self.cfg.output_queue_chunks:
-                s.stalled_since = s.stalled_since if s.stalled_since is not None else now
-                if now - s.stalled_since > self.cfg.consumer_timeout_s:
-                    reason = "slow_consumer"
-            elif reason is None:
-                s.stalled_since = None
+            if reason is None and self._slow_consumer(s, now):
+                reason = "slow_consumer"
             if reason:
                 self._end(s, CANCELLED, reason, now)
+
+    def _slow_consumer(self, s: Session, now: float) -> bool:
+        """Its client is more than consumer_timeout_s behind its listener's clock, or has read nothing
+        for that long while behind it (a client that read ahead may pause)."""
+        if s.first_audio_at is None or s.unread_seconds <= 0:
+            return False
+        behind, limit = s.behind_s(), self.cfg.consumer_timeout_s
+        return behind > limit or (behind > 0 and now - s.last_read_at > limit)
+
+    # --- admit ----------------------------------------------------------------------------------
 
     def _admit(self) -> None:
         """Give free KV slots to, in turn: continuations (no gap mid-stream), pending sessions in
@@ -367,22 +208,21 @@ class Scheduler:
             self._end(s, FAILED, f"request refused by the engine: {e}", self.clock())
             return False
         seg.submitted = True
-        seg.decoder = StreamDecoder(self.stream_settings)
+        self.audio.open(seg)
         self._by_request[rid] = (s, k)
         return True
 
-    def _decode_order(self, now: float) -> list[str]:
-        """Request ids that may decode this step, most urgent first (the policy's order): each
-        active session's generating segment. A segment prefilled ahead of time waits until the
-        segment before it has finished generating."""
-        generating: dict[Session, str] = {}
+    def _generating(self) -> dict[Session, str]:
+        """Each active session's generating segment's request id. A segment prefilled ahead of time
+        waits until the segment before it has finished generating."""
+        out: dict[Session, str] = {}
         for s in self.active.values():
             k = next((i for i, seg in enumerate(s.segments) if not seg.done_generating), None)
             if k is not None and s.segments[k].submitted:
-                generating[s] = s.request_id(k)
-        return [generating[s] for s in self.policy.order(list(generating), self.step_count, now)]
+                out[s] = s.request_id(k)
+        return out
 
-    # --- tokens in, audio out -------------------------------------------------------------------
+    # --- route ----------------------------------------------------------------------------------
 
     def _route(self, deltas: list[TokenDelta], now: float) -> None:
         for d in deltas:
@@ -394,6 +234,7 @@ class Scheduler:
                 if all(earlier.done_generating for earlier in s.segments[:k]):
                     s.last_run_step = self.step_count  # it decoded (a look-ahead prefill does not count)
                 s.tokens += len(d.token_ids)
+                s.last_token_at = now
                 if s.first_token_at is None:
                     s.first_token_at = now
                 if self.metrics is not None:
@@ -407,65 +248,10 @@ class Scheduler:
                     seg.done_generating = True
                     seg.decoder.finish()
 
-    def _plan_audio(self, now: float) -> list[tuple[Session, Segment, Any]]:
-        """Decode jobs due now (at most one per session); sessions with all audio out end here."""
-        jobs = []
-        for s in list(self.active.values()):
-            while s.current < len(s.segments):  # skip past segments whose audio is all out
-                seg = s.segments[s.current]
-                job = seg.decoder.plan() if seg.decoder is not None else None
-                if job is not None:
-                    jobs.append((s, seg, job))
-                    break
-                if seg.done_generating and seg.decoder.all_out:
-                    s.current += 1
-                    continue
-                break
-            if s.current >= len(s.segments):
-                self._end(s, FINISHED, None, now)
-        return jobs
-
-    def _decode(self, jobs: list) -> list[np.ndarray] | Exception:
-        try:
-            return self.codec.decode([j for _, _, j in jobs])
-        except Exception as e:  # a failed decode fails the sessions in it, not the loop
-            log.exception("audio decode failed")
-            return e
-
-    def _deliver_audio(self, jobs: list, audio: list[np.ndarray] | Exception, now: float) -> int:
-        if isinstance(audio, Exception):
-            for s, _, _ in jobs:
-                self._end(s, FAILED, f"audio decode failed: {type(audio).__name__}: {audio}", now)
-            return 0
-        for (s, seg, job), window in zip(jobs, audio, strict=True):
-            if s.status != ACTIVE:
-                continue  # ended while its audio was decoding
-            pcm = seg.decoder.complete(job, window)
-            self._deliver(s, pcm, now, segment_start=job.start == 0, segment_end=seg.decoder.finished and seg.decoder.all_out)
-        return len(jobs)
-
-    def _deliver(self, s: Session, pcm: np.ndarray, now: float, segment_start: bool, segment_end: bool) -> None:
-        if len(s.segments) > 1:
-            _fade_segment_edges(pcm, s.current > 0 and segment_start, s.current < len(s.segments) - 1 and segment_end)
-        late = s.first_audio_at is not None and now > s.first_audio_at + s.audio_seconds
-        if s.first_audio_at is None:
-            s.first_audio_at = now
-            if self.metrics is not None:
-                self.metrics.ttfb.observe(now - s.created)
-        ev = ChunkEvent(pcm=pcm, offset=s.audio_samples, index=s.chunks, late=late)
-        s.audio_samples += len(pcm)
-        s.chunks += 1
-        s.late_chunks += late
-        if self.metrics is not None:
-            self.metrics.audio_seconds.inc(len(pcm) / orpheus.SAMPLE_RATE)
-            if late:
-                self.metrics.late_chunks.inc()
-        s.sink(ev)
-        if s.current == len(s.segments) - 1 and segment_end:
-            self._end(s, FINISHED, None, now)
+    # --- endings --------------------------------------------------------------------------------
 
     def _end(self, s: Session, status: str, reason: str | None, now: float) -> None:
-        if s.status in (FINISHED, CANCELLED, FAILED):
+        if s.status in ENDED:
             return
         s.status = status
         self.total_ended += 1
@@ -475,6 +261,7 @@ class Scheduler:
             if rid in self._by_request:
                 del self._by_request[rid]
                 self.engine.cancel(rid)
+        self.audio.close(s)
         duration = now - s.created
         self.gate.leave(duration if status == FINISHED else None)
         metrics = {
@@ -495,13 +282,3 @@ class Scheduler:
 
 def _next_unsubmitted(s: Session) -> int | None:
     return next((i for i, seg in enumerate(s.segments) if not seg.submitted), None)
-
-
-def _fade_segment_edges(pcm: np.ndarray, fade_in: bool, fade_out: bool, n: int = 240) -> None:
-    """10 ms fades where one segment's audio meets the next, so the join has no click or gap."""
-    n = min(n, len(pcm))
-    ramp = (np.arange(n, dtype=np.float32) + 0.5) / n
-    if fade_in:
-        pcm[:n] *= ramp
-    if fade_out:
-        pcm[-n:] *= ramp[::-1]

@@ -28,23 +28,16 @@ import numpy as np
 import torch
 
 from lyre import checkpoint, orpheus
-from lyre.codec import SnacDecoder, StreamSettings, configure_noise
+from lyre.admission import AdmissionGate, Overloaded
+from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise
 from lyre.config import LyreConfig, apply_overrides, load_config
 from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
 from lyre.metrics import Metrics
-from lyre.scheduler import (
-    CANCELLED,
-    FAILED,
-    FINISHED,
-    AdmissionGate,
-    ChunkEvent,
-    Overloaded,
-    Scheduler,
-    Segment,
-    Session,
-)
+from lyre.pipeline import AudioPipeline
+from lyre.scheduler import Scheduler
+from lyre.session import CANCELLED, FAILED, FINISHED, ChunkEvent, Segment, Session
 from lyre.text import MAX_SEGMENT_CHARS, split_text
 
 log = logging.getLogger("lyre.service")
@@ -220,7 +213,7 @@ class SpeechStream:
             self.cancel()
             raise
         if isinstance(ev, ChunkEvent):
-            self._session.consumed += 1
+            self._session.consumed_samples += len(ev.pcm)
             return AudioChunk(
                 pcm=to_int16(ev.pcm),
                 sample_rate=orpheus.SAMPLE_RATE,
@@ -298,15 +291,20 @@ class TTSService:
         codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
         snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
         configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
+        try:
+            codec = build_codec(cfg.codec, snac, codec_device, codec_dtype)
+        except CodecError as e:
+            raise LyreError(str(e)) from None
         settings = StreamSettings(
             context_frames=cfg.codec.context_frames,
             first_flush_frames=cfg.scheduler.flush_first_n_tokens // orpheus.FRAME_TOKENS,
             every_flush_frames=cfg.scheduler.flush_every_n_tokens // orpheus.FRAME_TOKENS,
+            max_chunk_frames=cfg.codec.max_chunk_frames,
             warmup_frames=cfg.codec.warmup_frames,
         )
         overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and on_gpu)
-        self.scheduler = Scheduler(cfg.scheduler, engine, SnacDecoder(snac, torch.device(codec_device), codec_dtype),
-                                   settings, self.gate, metrics=self.metrics, overlap_codec=overlap)
+        audio = AudioPipeline(codec, settings, cfg.codec.max_frames_per_round, self.metrics, overlap)
+        self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)
         self._loop = EngineLoop(self.scheduler)
         self._loop.start()
         self.backend = choice

@@ -284,17 +284,18 @@ def test_the_constraint_waits_for_start_of_speech_when_the_prompt_lacks_it():
 
 
 def test_the_scheduler_streams_sessions_through_the_trtllm_backend_and_closes_it(tmp_path):
-    from lyre.codec import StreamSettings
+    from lyre.admission import AdmissionGate
     from lyre.config import load_config
-    from lyre.scheduler import AdmissionGate, ChunkEvent, DoneEvent, Scheduler, Segment, Session
+    from lyre.scheduler import Scheduler
+    from lyre.session import ChunkEvent, DoneEvent, Segment, Session
 
-    from ..fakes import SilentCodec
+    from ..fakes import silent_pipeline
 
     cfg = load_config(None, {"scheduler.max_concurrent_sessions": 2, "scheduler.max_batch_size": 2,
                              "scheduler.reserved_slots": 0})
     e = make(tmp_path, max_batch_size=2, max_seq_len=128)
     gate = AdmissionGate(2, 8)
-    sch = Scheduler(cfg.scheduler, e, SilentCodec(), StreamSettings(warmup_frames=1), gate)
+    sch = Scheduler(cfg.scheduler, e, silent_pipeline(), gate)
     events: dict[str, list] = {}
     for name in ("a", "b", "c"):
         gate.enter()

@@ -1,8 +1,10 @@
-"""Streaming SNAC decoding: frames in, seam-free PCM out, batched across sessions.
+"""``codec.mode: window``: each chunk decoded inside a window of context frames, batched across sessions.
 
 A :class:`StreamDecoder` (one per generated segment) takes complete frames from the
 ``AudioTokenParser`` and plans decode jobs; a :class:`SnacDecoder` runs the jobs of every session
-that flushes in the same round as batched SNAC calls.
+that flushes in the same round as batched SNAC calls. Each emitted frame is decoded about
+``1 + 2 * context_frames / every_flush_frames`` times (~3.9 with the defaults); ``codec.mode:
+stream`` (:mod:`lyre.codec.streaming`) decodes each frame once.
 
 Exactness. SNAC's receptive field is about +-2.25 Orpheus frames, so a frame decoded with
 ``context_frames`` (3) frames of context on each side matches one decode of the whole stream
@@ -30,41 +32,40 @@ import torch
 from torch import nn
 
 from lyre import orpheus
-
-F = orpheus.SAMPLES_PER_FRAME
-
-
-@dataclass(frozen=True)
-class StreamSettings:
-    context_frames: int = 3
-    first_flush_frames: int = 1  # flush_first_n_tokens / 7
-    every_flush_frames: int = 2  # flush_every_n_tokens / 7
-    warmup_frames: int = 1  # provisional chunks may be emitted while at most this many frames exist
-    holdback: int = 256  # provisional tail held back for the crossfade (samples)
+from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings
 
 
 @dataclass
 class DecodeJob:
+    stream: WindowStream
     frames: np.ndarray  # (T, 7) window of frame codes
     window_start: int  # absolute sample index of the window's first sample
     start: int  # absolute samples [start, end) to emit
     end: int
     provisional: bool  # the window lacks right context; keep a held-back tail
+    received: int  # frames received when the job was planned
+
+    @property
+    def cost(self) -> int:
+        """Frames this job decodes."""
+        return len(self.frames)
 
 
-@dataclass
-class StreamDecoder:
+@dataclass(eq=False)
+class WindowStream:
     """Plans the decode jobs of one stream of frames and stitches their audio."""
 
+    codec: WindowCodec
     settings: StreamSettings = field(default_factory=StreamSettings)
     emitted: int = 0  # samples emitted so far
     provisional_end: int = 0  # samples up to here (plus the crossfade after) came from a warm-up decode
     finished: bool = False
+    closed: bool = False
     _frames: list = field(default_factory=list)  # frames from index _base on
     _base: int = 0
     _n: int = 0  # frames received
     _flushed_at: int = 0  # frame count at the last flush
-    _held: np.ndarray | None = None  # provisional tail: samples [emitted, emitted + holdback)
+    _fade: Crossfade = field(default_factory=Crossfade)
 
     @property
     def frames_received(self) -> int:
@@ -82,98 +83,85 @@ class StreamDecoder:
     def finish(self) -> None:
         self.finished = True
 
-    def _due(self) -> bool:
-        s = self.settings
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._frames.clear()
+            self.codec.live.discard(self)
+
+    def _due(self, chunk_frames: int) -> bool:
         if self.finished:
             return not self.all_out
         if self._flushed_at == 0:
-            return self._n >= s.first_flush_frames
-        return self._n - self._flushed_at >= s.every_flush_frames
+            return self._n >= self.settings.first_flush_frames
+        exact_backlog = max(0, self._n - self.settings.context_frames) * F - self.emitted  # left by max_chunk_frames
+        return self._n - self._flushed_at >= chunk_frames or exact_backlog >= chunk_frames * F
 
-    def plan(self) -> DecodeJob | None:
-        """The decode job due now, or None."""
-        if not self._due():
+    def plan(self, chunk_frames: int) -> DecodeJob | None:
+        """The decode job due now, or None. Planning a job changes nothing until :meth:`complete`."""
+        if self.closed or not self._due(chunk_frames):
             return None
         s, n = self.settings, self._n
-        self._flushed_at = n
         final_end = n * F if self.finished else max(0, n - s.context_frames) * F
         if final_end > self.emitted:
-            start, end, provisional = self.emitted, final_end, False
+            start, end, provisional = self.emitted, min(final_end, self.emitted + s.max_chunk_frames * F), False
             lo = max(0, start // F - s.context_frames)
             hi = min(n, -(-end // F) + s.context_frames)
         elif n <= s.warmup_frames:
             end = n * F - s.holdback
             if end <= self.emitted:
+                self._flushed_at = n  # this flush had nothing to emit
                 return None
             start, provisional = self.emitted, True
             lo, hi = max(0, start // F - s.context_frames), n
         else:
-            return None  # wait until exact decoding passes what the warm-up emitted
+            self._flushed_at = n  # nothing to emit: wait until exact decoding passes what the warm-up emitted
+            return None
         window = np.asarray(self._frames[lo - self._base : hi - self._base], dtype=np.int64)  # (T, 7)
-        return DecodeJob(window, lo * F, start, end, provisional)
+        return DecodeJob(self, window, lo * F, start, end, provisional, n)
 
     def complete(self, job: DecodeJob, audio: np.ndarray) -> np.ndarray:
         """Stitch the window's decoded ``audio`` (float32, window samples); return the samples to emit."""
-        out = audio[job.start - job.window_start : job.end - job.window_start].copy()
-        if self._held is not None:
-            h = min(len(self._held), len(out))
-            ramp = (np.arange(h, dtype=np.float32) + 0.5) / h
-            out[:h] = self._held[:h] * (1 - ramp) + out[:h] * ramp
+        self._flushed_at = job.received
+        out = self._fade.apply(audio[job.start - job.window_start : job.end - job.window_start].copy())
         if job.provisional:
             tail = job.end - job.window_start
-            self._held = audio[tail : tail + self.settings.holdback].copy()
+            self._fade.hold(audio[tail : tail + self.settings.holdback])
             self.provisional_end = job.end
         else:
-            self._held = None
+            self._fade.hold(None)
         self.emitted = job.end
+        self.codec.counters.samples_emitted += len(out)
         # frames before the next window's left context are never needed again
         keep_from = max(0, self.emitted // F - self.settings.context_frames)
         if keep_from > self._base:
             del self._frames[: keep_from - self._base]
             self._base = keep_from
+        if self.finished and self.all_out:
+            self.close()
         return out
 
 
-class _SeededNoise(nn.Module):
-    """SNAC's NoiseBlock with its noise drawn from a dedicated generator."""
-
-    def __init__(self, block: nn.Module, generator: torch.Generator):
-        super().__init__()
-        self.linear = block.linear
-        self.generator = generator
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, _, t = x.shape
-        noise = torch.randn((b, 1, t), generator=self.generator, device="cpu", dtype=torch.float32)
-        return x + noise.to(device=x.device, dtype=x.dtype) * self.linear(x)
-
-
-def configure_noise(snac: nn.Module, enabled: bool, seed: int | None = None) -> nn.Module:
-    """Switch SNAC's decoder noise off, or draw it from a generator seeded with ``seed``."""
-    from snac.layers import NoiseBlock
-
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
-    for module in list(snac.modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, (NoiseBlock, _SeededNoise)):
-                if not enabled:
-                    replacement = nn.Identity()
-                elif generator is not None:
-                    replacement = _SeededNoise(child, generator)
-                else:
-                    continue
-                setattr(module, child_name, replacement)
-    return snac
-
-
-class SnacDecoder:
+class WindowCodec:
     """Runs decode jobs; windows of equal length share one batched SNAC call."""
 
-    def __init__(self, snac: nn.Module, device: torch.device, dtype: torch.dtype = torch.float32):
+    mode = "window"
+    runtime = "torch"
+
+    def __init__(self, snac: nn.Module, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.snac = snac
-        self.device = device
+        self.device = torch.device(device)
         self.dtype = dtype
-        self.calls = 0  # SNAC forward passes, for metrics and tests
+        self.counters = CodecCounters()
+        self.live: set[WindowStream] = set()
+
+    def new_stream(self, settings: StreamSettings) -> WindowStream:
+        stream = WindowStream(self, settings)
+        self.live.add(stream)
+        return stream
+
+    def stats(self) -> dict[str, object]:
+        return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live))
 
     @torch.inference_mode()
     def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
@@ -188,8 +176,10 @@ class SnacDecoder:
             c0, c1, c2 = orpheus.frames_to_codes(frames.reshape(-1, 7))  # (B*T,), (B*2T,), (B*4T,)
             codes = [torch.from_numpy(c).view(b, -1).to(self.device) for c in (c0, c1, c2)]
             audio = self.snac.decode(codes)  # (B, 1, T * 2048)
-            self.calls += 1
+            self.counters.calls += 1
+            self.counters.frames_decoded += b * t
             audio = audio[:, 0].float().cpu().numpy()
             for row, i in enumerate(idx):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]
+

@@ -1,59 +1,26 @@
-"""Streaming SNAC decoding against one offline decode of the same tokens (noise off)."""
+"""codec.mode window: chunks decoded in windows of context, against one offline decode (noise off)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lyre import orpheus
-from lyre.codec import SnacDecoder, StreamDecoder, StreamSettings, configure_noise
+from lyre.codec import StreamSettings, configure_noise
+from lyre.codec.window import WindowCodec
+
+from .conftest import feed, offline, random_frames
 
 F = orpheus.SAMPLES_PER_FRAME
-
-
-@pytest.fixture(scope="module")
-def quiet_snac(demo_dir):
-    from lyre import checkpoint
-
-    return configure_noise(checkpoint.load_snac(demo_dir / "snac"), enabled=False)
-
-
-def random_frames(n: int, seed: int) -> list[orpheus.Frame]:
-    rng = np.random.default_rng(seed)
-    return [tuple(int(x) for x in rng.integers(0, 4096, 7)) for _ in range(n)]
-
-
-def offline(snac, frames) -> np.ndarray:
-    codes = [torch.from_numpy(c)[None] for c in orpheus.frames_to_codes(frames)]
-    with torch.inference_mode():
-        return snac.decode(codes)[0, 0].numpy()
-
-
-def stream(decoder: SnacDecoder, frames, settings: StreamSettings, arrivals: list[int]) -> tuple[list[np.ndarray], StreamDecoder]:
-    """Feed ``frames`` in groups of ``arrivals`` sizes, flushing after each; then finish."""
-    sd = StreamDecoder(settings)
-    chunks, i = [], 0
-    for n in arrivals:
-        sd.push(frames[i : i + n])
-        i += n
-        if (job := sd.plan()) is not None:
-            chunks.append(sd.complete(job, decoder.decode([job])[0]))
-    sd.push(frames[i:])
-    sd.finish()
-    while (job := sd.plan()) is not None:
-        chunks.append(sd.complete(job, decoder.decode([job])[0]))
-    return chunks, sd
 
 
 @pytest.mark.parametrize("warmup", [1, 4])
 def test_streamed_audio_equals_one_offline_decode_outside_the_warmup_join(quiet_snac, warmup):
     frames = random_frames(26, seed=warmup)
     ref = offline(quiet_snac, frames)
-    chunks, sd = stream(SnacDecoder(quiet_snac, torch.device("cpu")), frames, StreamSettings(warmup_frames=warmup),
-                        [1] * 26)
+    chunks, sd = feed(WindowCodec(quiet_snac), frames, StreamSettings(warmup_frames=warmup), [1] * 26)
     audio = np.concatenate(chunks)
     assert len(audio) == 26 * F  # every frame, exactly
     assert len(chunks[0]) == F - 256  # the first chunk comes after one frame
@@ -72,7 +39,7 @@ def test_any_arrival_pattern_gives_every_frame_exactly_once(quiet_snac, n, data)
     frames = random_frames(n, seed=n)
     sizes = data.draw(st.lists(st.integers(0, 3), max_size=n))
     settings_ = StreamSettings(warmup_frames=data.draw(st.integers(1, 4)))
-    chunks, sd = stream(SnacDecoder(quiet_snac, torch.device("cpu")), frames, settings_, sizes)
+    chunks, sd = feed(WindowCodec(quiet_snac), frames, settings_, sizes)
     audio = np.concatenate(chunks) if chunks else np.zeros(0)
     assert len(audio) == n * F and sd.emitted == n * F
     ref = offline(quiet_snac, frames)
@@ -82,11 +49,11 @@ def test_any_arrival_pattern_gives_every_frame_exactly_once(quiet_snac, n, data)
 
 
 def test_flush_sizes_follow_the_settings():
-    sd = StreamDecoder(StreamSettings(first_flush_frames=1, every_flush_frames=2, warmup_frames=1))
+    sd = WindowCodec(None).new_stream(StreamSettings(first_flush_frames=1, every_flush_frames=2, warmup_frames=1))
     plans = []
     for _ in range(9):
         sd.push(random_frames(1, 0))
-        job = sd.plan()
+        job = sd.plan(2)
         plans.append(None if job is None else (job.start, job.end, job.provisional))
         if job is not None:
             sd.complete(job, np.zeros((len(job.frames)) * F, dtype=np.float32))
@@ -97,8 +64,8 @@ def test_flush_sizes_follow_the_settings():
 
 
 def test_sessions_flushing_together_share_one_batched_snac_call(quiet_snac):
-    dec = SnacDecoder(quiet_snac, torch.device("cpu"))
-    streams = [StreamDecoder(StreamSettings(warmup_frames=1)) for _ in range(6)]
+    dec = WindowCodec(quiet_snac)
+    streams = [dec.new_stream(StreamSettings(warmup_frames=1)) for _ in range(6)]
     frames = [random_frames(9, seed=i) for i in range(6)]
     refs = [offline(quiet_snac, f) for f in frames]
     out = [[] for _ in streams]
@@ -107,14 +74,14 @@ def test_sessions_flushing_together_share_one_batched_snac_call(quiet_snac):
         jobs = []
         for sd, f in zip(streams, frames, strict=True):
             sd.push(f[n : n + 1])
-            if (job := sd.plan()) is not None:
+            if (job := sd.plan(2)) is not None:
                 jobs.append((sd, job))
         if jobs:
             rounds += 1
             audio = dec.decode([j for _, j in jobs])
             for (sd, job), a in zip(jobs, audio, strict=True):
                 out[streams.index(sd)].append(sd.complete(job, a))
-    assert dec.calls == rounds  # one SNAC call per round for all six sessions (equal windows)
+    assert dec.counters.calls == rounds  # one SNAC call per round for all six sessions (equal windows)
     for chunks, ref in zip(out, refs, strict=True):
         audio = np.concatenate(chunks)
         assert np.abs(audio[F:] - ref[F : len(audio)]).max() < 1e-4  # batched == alone

@@ -1,0 +1,67 @@
+"""What both codec modes share: settings, the warm-up crossfade, the decode counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from lyre import orpheus
+
+F = orpheus.SAMPLES_PER_FRAME
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    context_frames: int = 3  # window mode: frames of context on each side of the emitted frames
+    first_flush_frames: int = 1  # flush_first_n_tokens / 7
+    every_flush_frames: int = 2  # flush_every_n_tokens / 7: the smallest later chunk
+    max_chunk_frames: int = 8  # the largest chunk (chunks grow with the listener's slack)
+    warmup_frames: int = 1  # provisional chunks may be emitted while at most this many frames exist
+    holdback: int = 256  # provisional tail held back for the crossfade (samples)
+
+
+class Crossfade:
+    """The tail of a provisional chunk, held back and faded into the next decode of the same samples."""
+
+    def __init__(self) -> None:
+        self.held: np.ndarray | None = None
+
+    def hold(self, tail: np.ndarray | None) -> None:
+        self.held = None if tail is None else tail.copy()
+
+    def apply(self, out: np.ndarray) -> np.ndarray:
+        """``out`` (the next samples to emit, float32) starting with a fade from the held tail."""
+        if self.held is not None:
+            h = min(len(self.held), len(out))
+            ramp = (np.arange(h, dtype=np.float32) + 0.5) / h
+            out[:h] = self.held[:h] * (1 - ramp) + out[:h] * ramp
+        return out
+
+
+@dataclass
+class CodecCounters:
+    """Frames run through SNAC against frames emitted: the decode cost of each emitted frame."""
+
+    frames_decoded: int = 0  # frames' worth of decoder input, padding and provisional decodes included
+    samples_emitted: int = 0
+    calls: int = 0  # batched decoder calls
+    decode_s: float = 0.0  # wall time spent decoding
+
+    @property
+    def frames_emitted(self) -> float:
+        return self.samples_emitted / F
+
+    def snapshot(self, mode: str, runtime: str, **extra: object) -> dict[str, object]:
+        emitted = self.frames_emitted
+        return {
+            "mode": mode,
+            "runtime": runtime,
+            "frames_decoded": self.frames_decoded,
+            "frames_emitted": round(emitted, 3),
+            "decoded_per_emitted": round(self.frames_decoded / emitted, 3) if emitted else None,
+            "calls": self.calls,
+            "decode_s": round(self.decode_s, 3),
+            "decode_ms_per_emitted_frame": round(1000 * self.decode_s / emitted, 2) if emitted else None,
+            **extra,
+        }

@@ -1,0 +1,187 @@
+"""The audio half of a scheduler step: plan due chunks, decode them in batched codec calls, deliver.
+
+:class:`AudioPipeline` owns the codec and every segment's codec stream. Each round it plans the
+chunks that are due, most urgent first (least playback slack; sessions still waiting for their
+first audio before all), and decodes as many as ``codec.max_frames_per_round`` allows — the rest
+stay due for the next round, so a burst of flushes never stalls the token engine for long. A
+session's chunks grow with its slack (``every_flush_frames``, doubling up to ``max_chunk_frames``
+while the chunk is at most half the audio its listener holds): a session far ahead of its
+listener costs fewer, larger, cheaper calls. With ``overlap`` the codec decodes on a second thread
+while the next engine step runs. Segments of one session are joined with 10 ms fades.
+
+The pipeline tells the scheduler which sessions have all their audio out or failed to decode; the
+scheduler ends them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lyre import orpheus
+from lyre.codec.base import StreamSettings
+from lyre.session import ACTIVE, ChunkEvent, Segment, Session
+
+log = logging.getLogger("lyre.pipeline")
+
+FRAME_S = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
+
+
+@dataclass
+class AudioOutcome:
+    finished: list[Session] = field(default_factory=list)  # all audio out: end them
+    failed: list[tuple[Session, str]] = field(default_factory=list)
+    chunks: int = 0  # delivered this round
+    busy: bool = False  # decode work was done or is in flight
+
+
+Job = tuple[Session, Segment, Any]
+
+
+class AudioPipeline:
+    def __init__(self, codec: Any, settings: StreamSettings, max_frames_per_round: int, metrics: Any = None,
+                 overlap: bool = False):
+        self.codec = codec
+        self.settings = settings
+        self.max_frames_per_round = max_frames_per_round
+        self.metrics = metrics
+        self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lyre-codec") if overlap else None
+        self._planned: list[Job] = []
+        self._inflight: tuple[list[Job], Future] | None = None
+
+    # --- segments -------------------------------------------------------------------------------
+
+    def open(self, seg: Segment) -> None:
+        seg.decoder = self.codec.new_stream(self.settings)
+
+    def close(self, s: Session) -> None:
+        """Free every codec state of ``s`` (it ended)."""
+        for seg in s.segments:
+            if seg.decoder is not None:
+                seg.decoder.close()
+
+    def chunk_frames(self, s: Session, now: float) -> int:
+        """The chunk size for ``s``: the smallest while its listener holds little audio, doubling up to
+        ``max_chunk_frames`` while a chunk is at most half of what it holds."""
+        c, limit = self.settings.every_flush_frames, self.settings.max_chunk_frames
+        held = s.slack(now) / FRAME_S  # frames the listener holds
+        while c * 2 <= limit and c * 2 <= held / 2:
+            c *= 2
+        return c
+
+    # --- the round ------------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """With overlap: start decoding what the last round planned (the engine steps meanwhile)."""
+        if self._overlap is not None and self._planned:
+            jobs, self._planned = self._planned, []
+            self._inflight = (jobs, self._overlap.submit(self._decode, jobs))
+
+    def finish(self, sessions: list[Session], now: float) -> AudioOutcome:
+        """Deliver this round's audio and plan the next: with overlap, what ``begin`` started; else
+        plan, decode and deliver now."""
+        out = AudioOutcome()
+        if self._overlap is not None:
+            if self._inflight is not None:
+                jobs, future = self._inflight
+                self._inflight = None
+                self._deliver(jobs, future.result(), now, out)
+                out.busy = True
+            self._planned = self._plan(sessions, now, out)
+            out.busy |= bool(self._planned)
+        else:
+            jobs = self._plan(sessions, now, out)
+            if jobs:
+                self._deliver(jobs, self._decode(jobs), now, out)
+                out.busy = True
+        return out
+
+    def shutdown(self) -> None:
+        if self._overlap is not None:
+            self._overlap.shutdown()
+
+    def _plan(self, sessions: list[Session], now: float, out: AudioOutcome) -> list[Job]:
+        """Due jobs (at most one per session), least slack first, within the round's frame budget."""
+        due: list[Job] = []
+        for s in sessions:
+            while s.current < len(s.segments):  # skip past segments whose audio is all out
+                seg = s.segments[s.current]
+                job = seg.decoder.plan(self.chunk_frames(s, now)) if seg.decoder is not None else None
+                if job is not None:
+                    due.append((s, seg, job))
+                    break
+                if seg.done_generating and seg.decoder.all_out:
+                    s.current += 1
+                    continue
+                break
+            if s.current >= len(s.segments):
+                out.finished.append(s)
+        due.sort(key=lambda j: (j[0].slack(now), j[0].order))
+        jobs, used = [], 0
+        for job in due:
+            cost = job[2].cost
+            if jobs and used + cost > self.max_frames_per_round:
+                continue  # stays due: planned again next round
+            jobs.append(job)
+            used += cost
+        return jobs
+
+    def _decode(self, jobs: list[Job]) -> list[Any] | Exception:
+        t0 = time.perf_counter()
+        try:
+            return self.codec.decode([j for _, _, j in jobs])
+        except Exception as e:  # a failed decode fails the sessions in it, not the loop
+            log.exception("audio decode failed")
+            return e
+        finally:
+            self.codec.counters.decode_s += time.perf_counter() - t0
+
+    def _deliver(self, jobs: list[Job], results: list[Any] | Exception, now: float, out: AudioOutcome) -> None:
+        if isinstance(results, Exception):
+            why = f"audio decode failed: {type(results).__name__}: {results}"
+            out.failed += [(s, why) for s, _, _ in jobs if s.status == ACTIVE]
+            return
+        for (s, seg, job), result in zip(jobs, results, strict=True):
+            if s.status != ACTIVE:
+                continue  # ended while its audio was decoding
+            starts = seg.decoder.emitted == 0
+            pcm = seg.decoder.complete(job, result)
+            ends = seg.decoder.finished and seg.decoder.all_out
+            if len(pcm):
+                self._send(s, pcm, now, starts, ends)
+                out.chunks += 1
+            if ends and s.current == len(s.segments) - 1:
+                out.finished.append(s)
+
+    def _send(self, s: Session, pcm: np.ndarray, now: float, segment_start: bool, segment_end: bool) -> None:
+        if len(s.segments) > 1:
+            _fade_segment_edges(pcm, s.current > 0 and segment_start, s.current < len(s.segments) - 1 and segment_end)
+        late = s.first_audio_at is not None and s.playing_at(now) > s.audio_seconds
+        if s.first_audio_at is None:
+            s.start_clock(now)
+            if self.metrics is not None:
+                self.metrics.ttfb.observe(now - s.created)
+        ev = ChunkEvent(pcm=pcm, offset=s.audio_samples, index=s.chunks, late=late)
+        s.audio_samples += len(pcm)
+        s.chunks += 1
+        s.late_chunks += late
+        if self.metrics is not None:
+            self.metrics.audio_seconds.inc(len(pcm) / orpheus.SAMPLE_RATE)
+            if late:
+                self.metrics.late_chunks.inc()
+        s.sink(ev)
+
+
+def _fade_segment_edges(pcm: np.ndarray, fade_in: bool, fade_out: bool, n: int = 240) -> None:
+    """10 ms fades where one segment's audio meets the next, so the join has no click or gap."""
+    n = min(n, len(pcm))
+    ramp = (np.arange(n, dtype=np.float32) + 0.5) / n
+    if fade_in:
+        pcm[:n] *= ramp
+    if fade_out:
+        pcm[-n:] *= ramp[::-1]

@@ -1,0 +1,134 @@
+"""codec.mode stream: chunk planning, warm-up and batching around the exact streaming decoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lyre import checkpoint
+from lyre.codec import StreamSettings, configure_noise
+from lyre.codec.stream import StreamCodec
+from lyre.codec.streaming import StreamingSnac
+
+from .conftest import F, feed, offline, random_frames
+
+
+@pytest.fixture(scope="module")
+def codec(quiet_snac):
+    return StreamCodec(StreamingSnac(quiet_snac).eval())
+
+
+def exact_after_join(audio, ref, stream) -> float:
+    """Largest error relative to the peak after the warm-up region (provisional audio + crossfade)."""
+    join = stream.provisional_end + stream.settings.holdback if stream.provisional_end else 0
+    return np.abs(audio[join:] - ref[join : len(audio)]).max() / np.abs(ref).max() if join < len(audio) else 0.0
+
+
+@pytest.mark.parametrize("warmup", [1, 4])
+def test_streamed_audio_equals_one_offline_decode_after_the_warmup(quiet_snac, codec, warmup):
+    frames = random_frames(26, seed=warmup)
+    ref = offline(quiet_snac, frames)
+    chunks, stream = feed(codec, frames, StreamSettings(warmup_frames=warmup), [1] * 26)
+    audio = np.concatenate(chunks)
+    assert len(audio) == 26 * F  # every frame, exactly once
+    assert len(chunks[0]) == F - 256  # the first chunk comes after one frame (provisional)
+    assert 0 < stream.provisional_end <= warmup * F
+    assert exact_after_join(audio, ref, stream) <= 1e-5
+    join = stream.provisional_end + 256
+    inside = audio[:join] - ref[:join]
+    assert np.sqrt(np.mean(inside**2)) < 0.25 * np.sqrt(np.mean(ref[:join] ** 2))  # close inside the warm-up
+    assert np.abs(np.diff(audio)).max() <= np.abs(np.diff(ref)).max() * 1.05 + 1e-6  # no click at any join
+    assert stream.closed and stream not in codec.live  # its state is freed at the end
+
+
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(1, 16), data=st.data())
+def test_any_arrival_pattern_and_chunk_size_gives_every_frame_once(quiet_snac, codec, n, data):
+    frames = random_frames(n, seed=n)
+    arrivals = data.draw(st.lists(st.integers(0, 5), max_size=n))
+    cfg = StreamSettings(warmup_frames=data.draw(st.integers(1, 4)), max_chunk_frames=data.draw(st.integers(1, 8)))
+    chunks, stream = feed(codec, frames, cfg, arrivals, chunk_frames=data.draw(st.integers(1, 8)))
+    audio = np.concatenate(chunks)
+    assert len(audio) == n * F and stream.emitted == n * F
+    assert exact_after_join(audio, offline(quiet_snac, frames), stream) <= 1e-5
+
+
+def test_each_frame_is_decoded_once_in_the_steady_state(codec):
+    stream = codec.new_stream(StreamSettings(warmup_frames=4))
+    frames = random_frames(60, seed=7)
+    before = None
+    for i, frame in enumerate(frames):
+        stream.push([frame])
+        if i == 12:  # well past the warm-up
+            before = (codec.counters.frames_decoded, codec.counters.samples_emitted)
+        while (job := stream.plan(2)) is not None:
+            stream.complete(job, codec.decode([job])[0])
+    decoded = codec.counters.frames_decoded - before[0]
+    emitted = (codec.counters.samples_emitted - before[1]) / F
+    assert emitted >= 40 and decoded / emitted <= 1.1
+    stream.close()
+
+
+def test_a_backlog_is_decoded_in_chunks_of_at_most_max_chunk_frames(codec):
+    stream = codec.new_stream(StreamSettings(max_chunk_frames=4))
+    stream.push(random_frames(11, seed=5))
+    sizes = []
+    while (job := stream.plan(1)) is not None:
+        sizes.append(job.real)
+        stream.complete(job, codec.decode([job])[0])
+    assert sizes == [4, 4, 3] and stream.frames_received == 11
+    stream.close()
+
+
+def test_sessions_flushing_together_share_one_call_per_chunk_length(quiet_snac, codec):
+    streams = [codec.new_stream(StreamSettings(warmup_frames=1)) for _ in range(6)]
+    frames = [random_frames(12, seed=10 + i) for i in range(6)]
+    out = [[] for _ in streams]
+    calls, rounds = codec.counters.calls, 0
+    for n in range(12):
+        jobs = []
+        for stream, f in zip(streams, frames, strict=True):
+            stream.push(f[n : n + 1])
+            if n == 11:
+                stream.finish()
+            if (job := stream.plan(2)) is not None:
+                jobs.append(job)
+        if jobs:
+            rounds += 1 + any(j.provisional for j in jobs)  # a warm-up round also finishes copies
+            for job, result in zip(jobs, codec.decode(jobs), strict=True):
+                out[streams.index(job.stream)].append(job.stream.complete(job, result))
+    assert codec.counters.calls - calls == rounds  # all six sessions in one call per round
+    for chunks, f, stream in zip(out, frames, streams, strict=True):
+        ref = offline(quiet_snac, f)
+        audio = np.concatenate(chunks)
+        assert len(audio) == 12 * F and exact_after_join(audio, ref, stream) <= 1e-5  # batched == alone
+
+
+def test_many_cancelled_streams_free_every_state(codec):
+    streams = [codec.new_stream(StreamSettings()) for _ in range(40)]
+    jobs = []
+    for i, stream in enumerate(streams):
+        stream.push(random_frames(1 + i % 3, seed=i))
+        jobs.append(stream.plan(2))
+    for job, result in zip(jobs, codec.decode(jobs), strict=True):
+        job.stream.complete(job, result)
+    assert len(codec.live) == 40 and all(s.state is not None for s in streams)
+    for stream in streams:
+        stream.close()  # cancelled
+    assert len(codec.live) == 0 and all(s.state is None for s in streams)
+    assert all(s.plan(1) is None for s in streams)  # a closed stream plans nothing more
+
+
+def test_decoder_noise_is_seedable(demo_dir):
+    frames = random_frames(5, seed=4)
+
+    def run(seed, noise=True):
+        snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), noise)
+        chunks, _ = feed(StreamCodec(StreamingSnac(snac), noise_seed=seed), frames, StreamSettings(), [1] * 5)
+        return np.concatenate(chunks)
+
+    a, b, c, quiet = run(3), run(3), run(4), run(None, noise=False)
+    assert np.array_equal(a, b)  # the same seed gives the same audio
+    assert np.abs(a - c).max() > 1e-4 and np.abs(a - quiet).max() > 1e-4  # another seed, or none, does not
