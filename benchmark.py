@@ -5,7 +5,8 @@
   python benchmark.py --mode all --requests 100 --concurrent 16 --output results.json
   python benchmark.py --mode tuning
   python benchmark.py --mode engine  [--concurrency 1,4,16] [--max-tokens 256]
-  python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline]
+  python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline] [--codec-modes stream,window]
+  python benchmark.py --mode codec [--batches 1,4,16] [--chunk 2] [--runtimes torch,onnxruntime,openvino]
 
 scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
 runs already, else a server the benchmark starts from --config/--set and stops by its process id.
@@ -14,7 +15,8 @@ TTFB p50/p95/p99, underruns and share of streams with none, success rate, audio 
 second, and the server's tokens/s from /v1/stats. --baseline transformers measures the peer (the
 same checkpoint served with transformers generate + SNAC, one request at a time) in the same run.
 engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential.
-service: streams through the library API (no network), per scheduler policy.
+service: streams through the library API (no network), per scheduler policy and codec mode.
+codec: SNAC decode time per emitted frame, per codec mode and runtime, at each batch size.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import sys
 from pathlib import Path
 
 from lyre import checkpoint
+from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
@@ -42,10 +45,17 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _codec_modes(p: argparse.ArgumentParser, text: str | None) -> list[str]:
+    modes = [x.strip() for x in (text or "").split(",") if x.strip()]
+    if set(modes) - {"stream", "window"}:
+        p.error("--codec-modes takes stream and/or window")
+    return modes
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service"], required=True)
+    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec"], required=True)
     add_config_arguments(p)
     load = p.add_argument_group("load (scaling, all, tuning)")
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
@@ -68,11 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--grid-flush", default="7:14,7:28", help="tuning grid: first:every flush sizes in tokens")
     p.add_argument("--policies", help="scheduler policies to compare (service mode: default fair,deadline; "
                                       "scaling: one server per policy)")
+    p.add_argument("--codec-modes", help="codec modes to compare, e.g. stream,window (service and scaling: one "
+                                         "server per mode; default: the config's codec.mode)")
     p.add_argument("--max-tokens", type=int, help="tokens per request (engine/service default 256; load modes: "
                                                   "the server's sampling.max_tokens)")
     p.add_argument("--checkpoint", type=Path, help="engine mode: Llama checkpoint directory")
     p.add_argument("--concurrency", type=_int_list, help="engine/service levels (default 1,4,16 / 1,8,16)")
     p.add_argument("--baseline-requests", type=int, default=2, help="engine mode: sequential transformers requests")
+    codec = p.add_argument_group("codec")
+    codec.add_argument("--batches", type=_int_list, default=[1, 4, 16], help="streams decoded together (default 1,4,16)")
+    codec.add_argument("--chunk", type=int, default=2, help="frames per stream per call (default 2)")
+    codec.add_argument("--runtimes", default="torch,onnxruntime,openvino",
+                       help="stream-mode runtimes to measure, where installed (default torch,onnxruntime,openvino)")
     p.add_argument("--output", type=Path, help="write every figure, the settings and the machine as JSON")
     return p
 
@@ -89,11 +106,20 @@ def main(argv=None) -> int:
             result = engine_bench.run(cfg, model_dir, args.concurrency or [1, 4, 16], args.max_tokens or 256,
                                       args.baseline_requests, progress=say)
             text = engine_bench.table(result)
+        elif args.mode == "codec":
+            runtimes = [x.strip() for x in args.runtimes.split(",") if x.strip()]
+            if not runtimes or set(runtimes) - {"torch", "onnxruntime", "openvino"}:
+                p.error("--runtimes takes torch, onnxruntime and/or openvino")
+            if args.chunk < 1:
+                p.error("--chunk must be >= 1")
+            result = codec_bench.run(cfg, args.batches, args.chunk, runtimes, progress=say)
+            text = codec_bench.table(result)
         elif args.mode == "service":
             policies = [x.strip() for x in (args.policies or "fair,deadline").split(",") if x.strip()]
             if not policies or set(policies) - {"fair", "deadline"}:
                 p.error("--policies takes fair and/or deadline")
             result = service_bench.run(cfg, args.concurrency or [1, 8, 16], policies, args.max_tokens or 256,
+                                       codec_modes=_codec_modes(p, args.codec_modes) or [cfg.codec.mode],
                                        progress=say)
             text = service_bench.table(result)
         else:
@@ -101,6 +127,9 @@ def main(argv=None) -> int:
                 p.error("--protocol grpc with --url needs --grpc-url host:port")
             if args.policies and set(args.policies.split(",")) - {"fair", "deadline"}:
                 p.error("--policies takes fair and/or deadline")
+            _codec_modes(p, args.codec_modes)
+            if args.codec_modes and args.url:
+                p.error("--codec-modes starts one server per mode: it needs a server the benchmark owns (no --url)")
             run = {"scaling": scaling.run_scaling, "all": scaling.run_all}.get(args.mode)
             result = run(args, say) if run else scaling.run_tuning(args, cfg, say)
             result["settings"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}

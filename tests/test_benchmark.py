@@ -34,23 +34,49 @@ def test_unknown_mode_and_bad_levels_are_refused():
     assert run.returncode == 2 and "concurrency levels must be integers >= 1" in run.stderr
 
 
-def test_service_mode_reports_ttfb_and_real_time_streams_per_policy(tmp_path):
+def test_service_mode_reports_ttfb_real_time_streams_and_codec_cost_per_policy_and_codec_mode(tmp_path):
     out_file = tmp_path / "service.json"
     run = subprocess.run(
         [sys.executable, "benchmark.py", "--mode", "service", "--concurrency", "1,3", "--max-tokens", "14",
-         "--set", "sampling.min_tokens=14",
-         "--policies", "fair,deadline", "--output", str(out_file)],
+         "--set", "codec.noise=false", "--policies", "fair,deadline", "--codec-modes", "stream,window",
+         "--output", str(out_file)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
     )
     assert run.returncode == 0, run.stderr
     result = json.loads(out_file.read_text())
-    assert set(result["policies"]) == {"fair", "deadline"}
-    for levels in result["policies"].values():
+    runs = {(r["policy"], r["codec_mode"]): r["levels"] for r in result["runs"]}
+    assert set(runs) == {("fair", "stream"), ("fair", "window"), ("deadline", "stream"), ("deadline", "window")}
+    for (_, mode), levels in runs.items():
         assert [lv["concurrency"] for lv in levels] == [1, 3]
         for lv in levels:
             assert 0 < lv["ttfb_ms_p50"] <= lv["ttfb_ms_p95"]
             assert 0 <= lv["real_time_streams"] <= lv["concurrency"] and lv["audio_s_per_wall_s"] > 0
-    assert "deadline" in run.stdout and "TTFB p95 ms" in run.stdout
-    bad = subprocess.run([sys.executable, "benchmark.py", "--mode", "service", "--policies", "lifo"],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
-    assert bad.returncode == 2 and "--policies takes fair and/or deadline" in bad.stderr
+            assert lv["codec_ms_per_frame"] > 0
+            if mode == "window":  # windows of context: more frames decoded than emitted
+                assert lv["decoded_per_emitted"] >= 1.5
+    assert "deadline" in run.stdout and "TTFB p95 ms" in run.stdout and "dec/emit" in run.stdout
+    for args, message in ((["--policies", "lifo"], "--policies takes fair and/or deadline"),
+                          (["--codec-modes", "fast"], "--codec-modes takes stream and/or window")):
+        bad = subprocess.run([sys.executable, "benchmark.py", "--mode", "service", *args],
+                             capture_output=True, text=True, cwd=REPO_ROOT)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_codec_mode_measures_each_runtime_against_torch(tmp_path):
+    out_file = tmp_path / "codec.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "codec", "--batches", "1,2", "--chunk", "1",
+         "--runtimes", "torch,onnxruntime", "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out_file.read_text())["rows"]
+    assert {(r["mode"], r["runtime"], r["batch"]) for r in rows} == {
+        (m, rt, b) for m, rt in (("stream", "torch"), ("stream", "onnxruntime"), ("window", "torch")) for b in (1, 2)}
+    for r in rows:
+        assert r["ms_per_frame"] > 0
+        if r["mode"] == "stream":
+            assert r["decoded_per_emitted"] == 1.0 and r["max_error_vs_torch"] <= 1e-5  # each frame once, exact
+        else:
+            assert 5.0 < r["decoded_per_emitted"] <= 7.0  # 1-frame chunks inside windows of up to 3 + 1 + 3
+    assert "ms / emitted frame" in run.stdout

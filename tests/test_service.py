@@ -46,7 +46,8 @@ async def engine_state(tts: TTSService) -> dict:
         sch = tts.scheduler
         return {"active": len(sch.active), "pending": len(sch.pending), "requests": len(sch._by_request),
                 "engine_active": sch.engine.stats().active, "engine_ids": len(sch.engine._by_id),
-                "free_slots": len(sch.engine._free_slots), "gate": tts.gate.inside}
+                "free_slots": len(sch.engine._free_slots), "gate": tts.gate.inside,
+                "codec_states": len(sch.audio.codec.live)}
 
     return await tts.on_engine_thread(probe)
 
@@ -174,7 +175,7 @@ def test_random_cancels_and_disconnects_leave_every_slot_free():
     modes, state = run(go())
     assert {"read", "break", "cancel"} <= set(modes)
     assert state == {"active": 0, "pending": 0, "requests": 0, "engine_active": 0, "engine_ids": 0,
-                     "free_slots": 8, "gate": 0}
+                     "free_slots": 8, "gate": 0, "codec_states": 0}  # every decoder state freed too
     assert threading.active_count() == threads_before  # the engine thread is gone, nothing left behind
 
 

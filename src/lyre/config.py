@@ -55,6 +55,7 @@ class ModelConfig:
     backend: Literal["auto", "torch", "trtllm"] = "auto"  # auto: trtllm when built + importable + GPU, else torch
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    cpu_threads: int = _f(0, ge=0, le=1024)  # torch threads of the PyTorch engine on CPU; 0 = half the cores
     voices: tuple[str, ...] = _f(factory=lambda: VOICES)
     default_voice: str = "tara"
 
@@ -65,8 +66,9 @@ class CodecConfig:
     hf_id: str = "hubertsiuzdak/snac_24khz"
     revision: str = "main"
     mode: Literal["stream", "window"] = "stream"  # stream: each frame decoded once; window: inside context windows
-    runtime: Literal["auto", "torch", "onnxruntime"] = "auto"  # stream mode on CPU: who runs the decoder
+    runtime: Literal["auto", "torch", "onnxruntime", "openvino"] = "auto"  # stream mode: who runs the decoder
     onnx_dir: str = "models/codec-onnx"  # the exported streaming decoder, cached per codec and torch version
+    cpu_threads: int = _f(0, ge=0, le=1024)  # threads of the onnxruntime / openvino codec; 0 = every core
     context_frames: int = _f(3, ge=0, le=9)
     warmup_frames: int = _f(4, ge=1, le=64)
     max_chunk_frames: int = _f(8, ge=1, le=64)
@@ -286,6 +288,8 @@ def _convert(tp: Any, value: Any, key: str, limits: Mapping[str, Any], current: 
         (inner,) = [a for a in args if a is not type(None)]
         return _convert(inner, value, key, limits, current)
     if origin is Literal:
+        if isinstance(value, bool):  # YAML 1.1 reads on/off/yes/no as booleans: take the word the choices use
+            value = next((w for w in (("on", "yes", "true") if value else ("off", "no", "false")) if w in args), value)
         if value not in args:
             allowed = ", ".join(repr(a) for a in args)
             raise ConfigError(f"config key '{key}' = {value!r} is not allowed: must be one of {allowed}")

@@ -3,10 +3,12 @@
 :class:`AudioPipeline` owns the codec and every segment's codec stream. Each round it plans the
 chunks that are due, most urgent first (least playback slack; sessions still waiting for their
 first audio before all), and decodes as many as ``codec.max_frames_per_round`` allows — the rest
-stay due for the next round, so a burst of flushes never stalls the token engine for long. A
-session's chunks grow with its slack (``every_flush_frames``, doubling up to ``max_chunk_frames``
-while the chunk is at most half the audio its listener holds): a session far ahead of its
-listener costs fewer, larger, cheaper calls. With ``overlap`` the codec decodes on a second thread
+stay due for the next round, so a burst of flushes never stalls the token engine for long. The
+listener's clock drives the chunks: a session's chunks grow with its slack (``every_flush_frames``,
+doubling up to ``max_chunk_frames`` while the chunk is at most half the audio its listener holds),
+so a session far ahead of its listener costs fewer, larger, cheaper calls; and a session whose
+listener would run dry before its exact audio can follow gets what can be emitted at once —
+provisional audio during a stream's warm-up only then, not on every frame. With ``overlap`` the codec decodes on a second thread
 while the next engine step runs. Segments of one session are joined with 10 ms fades.
 
 The pipeline tells the scheduler which sessions have all their audio out or failed to decode; the
@@ -74,6 +76,16 @@ class AudioPipeline:
             c *= 2
         return c
 
+    def needs_audio(self, s: Session, stream: Any, now: float) -> bool:
+        """Would ``s``'s listener run dry before exact audio can follow? True before its first audio;
+        else when its slack is less than the frames still to come before the stream's exact audio
+        passes what was emitted, plus one, at the session's pace of generation."""
+        slack = s.slack(now)
+        if slack == float("-inf") or s.tokens < 2:
+            return True
+        frame_s = orpheus.FRAME_TOKENS * (s.last_token_at - s.first_token_at) / (s.tokens - 1)
+        return slack < (stream.frames_to_exact() + 1) * frame_s
+
     # --- the round ------------------------------------------------------------------------------
 
     def begin(self) -> None:
@@ -111,7 +123,8 @@ class AudioPipeline:
         for s in sessions:
             while s.current < len(s.segments):  # skip past segments whose audio is all out
                 seg = s.segments[s.current]
-                job = seg.decoder.plan(self.chunk_frames(s, now)) if seg.decoder is not None else None
+                job = (seg.decoder.plan(self.chunk_frames(s, now), self.needs_audio(s, seg.decoder, now))
+                       if seg.decoder is not None else None)
                 if job is not None:
                     due.append((s, seg, job))
                     break

@@ -16,6 +16,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
 import queue
 import threading
 import time
@@ -284,6 +285,8 @@ class TTSService:
             engine, device, description = self._trtllm_engine(env)
         else:
             engine_cfg = TorchEngineConfig.from_config(cfg)
+            if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
+                torch.set_num_threads(cfg.model.cpu_threads or max(1, (os.cpu_count() or 2) // 2))
             engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
             device, description = engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
         codec_device = cfg.codec.device if cfg.codec.device != "auto" else device

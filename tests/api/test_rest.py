@@ -146,8 +146,28 @@ def test_info_endpoints(server):
     assert set(stats["scheduler"]) >= {"total_sessions", "active_sessions", "pending_sessions", "max_concurrent"}
     assert set(stats["kv_cache"]) == {"used_slots", "free_slots"}
     assert stats["engine"]["backend"] == "torch"  # auto, with no GPU and no engine here
+    assert stats["codec"]["mode"] == "stream" and stats["codec"]["runtime"] == "onnxruntime"
+    assert set(stats["codec"]) >= {"frames_decoded", "frames_emitted", "decoded_per_emitted", "open_states",
+                                   "decode_ms_per_emitted_frame"}
     status, text = server.get("/metrics")
     assert status == 200 and "lyre_ttfb_seconds_bucket" in text and "lyre_kv_slots_used" in text
+    assert "lyre_codec_frames_decoded_total" in text and "lyre_codec_frames_emitted_total" in text
+
+
+def test_codec_counters_follow_the_audio(server, openai_client):
+    before = server.stats()["codec"]
+    audio = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Count my frames.",
+                                              response_format="pcm").content
+    after = server.eventually_idle()["codec"]
+    frames = len(audio) / 2 / 2048
+    assert after["frames_emitted"] - before["frames_emitted"] == frames == MAX_TOKENS / 7
+    decoded = after["frames_decoded"] - before["frames_decoded"]
+    warmup = 1 + 2 + 3 + 4  # at most a prefix decode at each of the first codec.warmup_frames (4) frames
+    assert frames <= decoded <= frames + warmup + 3  # and the closing padding
+    metrics = server.get("/metrics")[1]
+    emitted_total = next(float(line.split()[1]) for line in metrics.splitlines()
+                         if line.startswith("lyre_codec_frames_emitted_total"))
+    assert emitted_total == pytest.approx(after["frames_emitted"], abs=1e-3)  # stats rounds to 3 decimals
 
 
 def test_abrupt_disconnects_mid_stream_free_every_slot(server):
@@ -163,5 +183,5 @@ def test_abrupt_disconnects_mid_stream_free_every_slot(server):
 
     asyncio.run(go())
     stats = server.eventually_idle()
-    assert stats["kv_cache"]["free_slots"] == 8
+    assert stats["kv_cache"]["free_slots"] == 8 and stats["codec"]["open_states"] == 0
     assert server.get("/health")[0] == 200

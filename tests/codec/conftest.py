@@ -29,15 +29,16 @@ def offline(snac, frames) -> np.ndarray:
         return snac.decode(codes)[0, 0].numpy()
 
 
-def feed(codec, frames, settings, arrivals: list[int], chunk_frames: int | None = None):
+def feed(codec, frames, settings, arrivals: list[int], chunk_frames: int | None = None, need_audio: bool = True):
     """Push ``frames`` in groups of ``arrivals`` sizes into a new stream of ``codec``, decoding every
-    job due after each group; then finish and decode the rest. Returns (chunks, stream)."""
+    job due after each group (for a listener that always ``need_audio``: every chunk as soon as it
+    can be emitted); then finish and decode the rest. Returns (chunks, stream)."""
     stream = codec.new_stream(settings)
     chunk_frames = chunk_frames or settings.every_flush_frames
     chunks, i = [], 0
 
     def drain():
-        while (job := stream.plan(chunk_frames)) is not None:
+        while (job := stream.plan(chunk_frames, need_audio)) is not None:
             chunks.append(stream.complete(job, codec.decode([job])[0]))
 
     for n in arrivals:

@@ -233,6 +233,18 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def codec_figures(before: dict | None, after: dict | None) -> dict[str, float | None]:
+    """Frames decoded per frame emitted and decode ms per emitted frame between two /v1/stats snapshots."""
+    b, a = (before or {}).get("codec"), (after or {}).get("codec")
+    if not a or not b:
+        return {"decoded_per_emitted": None, "codec_ms_per_frame": None}
+    emitted = a["frames_emitted"] - b["frames_emitted"]
+    return {
+        "decoded_per_emitted": (a["frames_decoded"] - b["frames_decoded"]) / emitted if emitted else None,
+        "codec_ms_per_frame": 1000 * (a["decode_s"] - b["decode_s"]) / emitted if emitted else None,
+    }
+
+
 def summarize(results: list[RequestResult], wall_s: float, before: dict | None, after: dict | None) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttfb = [r.ttfb_ms for r in ok if r.ttfb_ms is not None]
@@ -251,6 +263,7 @@ def summarize(results: list[RequestResult], wall_s: float, before: dict | None, 
         "real_time_streams": sum(r.underruns == 0 for r in ok),
         "audio_s_per_wall_s": sum(r.audio_s for r in ok) / wall_s if wall_s else 0.0,
         "server_tokens_per_s": tokens / wall_s if tokens is not None and wall_s else None,
+        **codec_figures(before, after),
         "wall_s": wall_s,
         "per_request": [asdict(r) for r in results],
     }

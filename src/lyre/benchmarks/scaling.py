@@ -6,8 +6,8 @@
 - tuning: a grid over scheduler settings (policy, max_batch_size, flush sizes) for each tuning
   profile, restarting the server it owns for every point, and the best setting per profile.
 
-Each "engine" is a server: Lyre (one per ``--policies`` entry when the benchmark owns it) and, with
-``--baseline transformers``, the peer serving the same checkpoint the simplest way.
+Each "engine" is a server: Lyre (one per ``--policies`` x ``--codec-modes`` entry when the benchmark
+owns it) and, with ``--baseline transformers``, the peer serving the same checkpoint the simplest way.
 """
 
 from __future__ import annotations
@@ -48,9 +48,14 @@ def _target(args, http: str, grpc: str) -> Target:
 
 
 def _engines(args) -> list[tuple[str, tuple[str, ...], str | None]]:
-    """(name, server overrides, baseline) for each server to measure."""
+    """(name, server overrides, baseline) for each server to measure: one per policy x codec mode."""
     policies = [p for p in (args.policies or "").split(",") if p] if not args.url else []
-    engines = [(f"lyre-{p}", (f"scheduler.policy={p}",), None) for p in policies] or [("lyre", (), None)]
+    modes = [m for m in (args.codec_modes or "").split(",") if m] if not args.url else []
+    engines = []
+    for policy, mode in itertools.product(policies or [None], modes or [None]):
+        name = "-".join(["lyre"] + [x for x in (policy, mode) if x])
+        overrides = tuple(o for o, x in ((f"scheduler.policy={policy}", policy), (f"codec.mode={mode}", mode)) if x)
+        engines.append((name, overrides, None))
     if args.baseline:
         engines.append((args.baseline, (), args.baseline))
     return engines
@@ -179,14 +184,15 @@ def _fmt(v: Any, spec: str = ".0f") -> str:
 
 def level_table(engines: dict[str, Any]) -> str:
     head = (f"{'engine':<22}{'users':>6}{'success':>9}{'TTFB p50':>10}{'p95':>8}{'p99':>8}{'real-time':>11}"
-            f"{'underruns':>10}{'audio s/s':>10}{'tok/s':>8}")
+            f"{'underruns':>10}{'audio s/s':>10}{'tok/s':>8}{'dec/emit':>9}{'codec ms/frame':>15}")
     lines = [head]
     for name, entry in engines.items():
         for lv in entry["levels"]:
             lines.append(f"{name:<22}{lv['concurrency']:>6}{lv['success_rate']:>9.0%}{_fmt(lv['ttfb_ms_p50']):>10}"
                          f"{_fmt(lv['ttfb_ms_p95']):>8}{_fmt(lv['ttfb_ms_p99']):>8}"
                          f"{lv['real_time_streams']:>6}/{len(lv['per_request']):<4}{lv['underruns']:>10}"
-                         f"{lv['audio_s_per_wall_s']:>10.2f}{_fmt(lv['server_tokens_per_s']):>8}")
+                         f"{lv['audio_s_per_wall_s']:>10.2f}{_fmt(lv['server_tokens_per_s']):>8}"
+                         f"{_fmt(lv.get('decoded_per_emitted'), '.2f'):>9}{_fmt(lv.get('codec_ms_per_frame'), '.1f'):>15}")
         if "find_max" in entry:
             fm = entry["find_max"]
             lines.append(f"{name}: largest concurrency meeting {fm['slo']}: {fm['max_concurrency']}")

@@ -1,9 +1,10 @@
 """``benchmark.py --mode service``: concurrent streams through the library API (no network).
 
-For each policy and concurrency level, N streams start together; per stream it records TTFB
+For each policy, codec mode and concurrency level, N streams start together; per stream it records TTFB
 (request -> first chunk received) and underruns of a simulated player that starts at the first
 chunk (a chunk is late when it arrives after the audio before it has finished playing). A stream
-"stayed real time" when it had no late chunk.
+"stayed real time" when it had no late chunk. Per level it also reports the codec's frames decoded
+per frame emitted and its decode time per emitted frame (from ``/v1/stats``'s ``codec``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import asyncio
 import time
 from typing import Any
 
-from lyre.benchmarks.load import TEXT_SETS, percentile
+from lyre.benchmarks.load import TEXT_SETS, codec_figures, percentile
 from lyre.config import LyreConfig, apply_overrides
 from lyre.service import TTSService
 
@@ -36,9 +37,13 @@ async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
 
 
 async def _level(tts: TTSService, n: int) -> dict[str, Any]:
+    await tts.on_engine_thread(tts.scheduler.publish)
+    before = tts.stats()
     t0 = time.monotonic()
     streams = await asyncio.gather(*[_one_stream(tts, i) for i in range(n)])
     wall = time.monotonic() - t0
+    await tts.on_engine_thread(tts.scheduler.publish)
+    after = tts.stats()
     ttfb = [s["ttfb_ms"] for s in streams if s["ttfb_ms"] is not None]  # a stream may end before any audio
     return {
         "concurrency": n,
@@ -47,41 +52,55 @@ async def _level(tts: TTSService, n: int) -> dict[str, Any]:
         "real_time_streams": sum(s["late_chunks"] == 0 and s["ttfb_ms"] is not None for s in streams),
         "late_chunks": sum(s["late_chunks"] for s in streams),
         "audio_s_per_wall_s": sum(s["audio_s"] for s in streams) / wall,
+        **codec_figures(before, after),
     }
 
 
-async def _run_policy(cfg: LyreConfig, concurrency: list[int], progress) -> list[dict[str, Any]]:
+async def _run_one(cfg: LyreConfig, concurrency: list[int], progress) -> list[dict[str, Any]]:
     async with TTSService(cfg) as tts:
         await tts.synthesize("warm up", seed=0)
         levels = []
         for n in concurrency:
-            progress(f"service ({cfg.scheduler.policy}): {n} concurrent streams ...")
+            progress(f"service ({cfg.scheduler.policy}, {cfg.codec.mode}): {n} concurrent streams ...")
             levels.append(await _level(tts, n))
         return levels
 
 
-def run(cfg: LyreConfig, concurrency: list[int], policies: list[str], max_tokens: int, progress=print) -> dict[str, Any]:
+def run(cfg: LyreConfig, concurrency: list[int], policies: list[str], max_tokens: int,
+        codec_modes: list[str] | None = None, progress=print) -> dict[str, Any]:
+    """Every stream is ``max_tokens`` long (min_tokens holds back end-of-speech)."""
     top = max(concurrency)
-    result: dict[str, Any] = {"policies": {}, "max_tokens": max_tokens}
+    result: dict[str, Any] = {"runs": [], "max_tokens": max_tokens}
     for policy in policies:
-        pcfg = apply_overrides(cfg, {
-            "scheduler.policy": policy,
-            "sampling.max_tokens": max_tokens,
-            "scheduler.max_concurrent_sessions": max(top, cfg.scheduler.max_concurrent_sessions),
-        })
-        result["policies"][policy] = asyncio.run(_run_policy(pcfg, concurrency, progress))
+        for mode in codec_modes or [cfg.codec.mode]:
+            pcfg = apply_overrides(cfg, {
+                "scheduler.policy": policy,
+                "codec.mode": mode,
+                "sampling.max_tokens": max_tokens,
+                "sampling.min_tokens": max_tokens,
+                "scheduler.max_concurrent_sessions": max(top, cfg.scheduler.max_concurrent_sessions),
+            })
+            levels = asyncio.run(_run_one(pcfg, concurrency, progress))
+            result["runs"].append({"policy": policy, "codec_mode": mode, "levels": levels})
     result["settings"] = {"max_batch_size": cfg.scheduler.max_batch_size,
                           "flush_first_n_tokens": cfg.scheduler.flush_first_n_tokens,
                           "flush_every_n_tokens": cfg.scheduler.flush_every_n_tokens,
-                          "warmup_frames": cfg.codec.warmup_frames}
+                          "warmup_frames": cfg.codec.warmup_frames,
+                          "codec_runtime": cfg.codec.runtime}
     return result
 
 
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{'policy':<10}{'streams':>8}{'TTFB p50 ms':>13}{'TTFB p95 ms':>13}{'real-time':>11}{'audio s/wall s':>16}"]
-    for policy, levels in result["policies"].items():
-        for lv in levels:
-            p50, p95 = (f"{v:.0f}" if v is not None else "-" for v in (lv["ttfb_ms_p50"], lv["ttfb_ms_p95"]))
-            lines.append(f"{policy:<10}{lv['concurrency']:>8}{p50:>13}{p95:>13}"
-                         f"{lv['real_time_streams']:>7}/{lv['concurrency']:<3}{lv['audio_s_per_wall_s']:>16.2f}")
+    lines = [f"{'policy':<10}{'codec':<8}{'streams':>8}{'TTFB p50 ms':>13}{'TTFB p95 ms':>13}{'real-time':>11}"
+             f"{'audio s/wall s':>16}{'dec/emit':>10}{'codec ms/frame':>16}"]
+    for run in result["runs"]:
+        for lv in run["levels"]:
+            lines.append(f"{run['policy']:<10}{run['codec_mode']:<8}{lv['concurrency']:>8}{_fmt(lv['ttfb_ms_p50'], '.0f'):>13}"
+                         f"{_fmt(lv['ttfb_ms_p95'], '.0f'):>13}{lv['real_time_streams']:>7}/{lv['concurrency']:<3}"
+                         f"{lv['audio_s_per_wall_s']:>16.2f}{_fmt(lv['decoded_per_emitted'], '.2f'):>10}"
+                         f"{_fmt(lv['codec_ms_per_frame'], '.1f'):>16}")
     return "\n".join(lines)

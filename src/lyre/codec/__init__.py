@@ -28,7 +28,7 @@ from lyre.codec.window import WindowCodec
 if TYPE_CHECKING:
     from lyre.config import CodecConfig
 
-__all__ = ["CodecError", "StreamCodec", "StreamSettings", "WindowCodec", "build_codec", "configure_noise"]
+__all__ = ["CodecError", "StreamCodec", "StreamSettings", "WindowCodec", "build_codec", "configure_noise", "resolve_runtime"]
 
 log = logging.getLogger("lyre.codec")
 
@@ -37,19 +37,22 @@ class CodecError(ValueError):
     """The configured codec cannot run here (the message says why and what to set instead)."""
 
 
+AUTO_CPU_RUNTIMES = ("onnxruntime",)  # what codec.runtime auto picks on CPU where installed (measured: README)
+
+
 def resolve_runtime(requested: str, device: str) -> str:
-    """``codec.runtime`` for stream mode on ``device``: auto = onnxruntime on CPU where it is installed."""
+    """``codec.runtime`` for stream mode on ``device``: auto = the fastest installed CPU runtime on CPU,
+    torch elsewhere."""
     from lyre.codec import onnx
 
-    missing = onnx.available()
-    if requested == "onnxruntime":
+    if requested in onnx.RUNNERS:
         if device != "cpu":
-            raise CodecError(f"codec.runtime onnxruntime runs on the CPU only; codec.device is {device}: use torch")
-        if missing:
-            raise CodecError(f"codec.runtime onnxruntime: {missing}")
-        return "onnxruntime"
-    if requested == "auto":
-        return "onnxruntime" if device == "cpu" and not missing else "torch"
+            raise CodecError(f"codec.runtime {requested} runs on the CPU only; codec.device is {device}: use torch")
+        if (missing := onnx.available(requested)) is not None:
+            raise CodecError(f"codec.runtime {requested}: {missing}")
+        return requested
+    if requested == "auto" and device == "cpu":
+        return next((r for r in AUTO_CPU_RUNTIMES if onnx.available(r) is None), "torch")
     return "torch"
 
 
@@ -63,12 +66,15 @@ def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: tor
     except StreamingUnsupported as e:
         raise CodecError(str(e)) from None
     runtime = resolve_runtime(cfg.runtime, device)
-    runner = None
-    if runtime == "onnxruntime":
-        from lyre.codec.onnx import OnnxRunner
+    runner = offline = None
+    if runtime != "torch":
+        from lyre.codec.onnx import RUNNERS, OnnxUnavailable
 
-        runner = OnnxRunner(model, cfg.onnx_dir)
-    codec = StreamCodec(model, runner, runtime, device, dtype, noise_seed=cfg.noise_seed)
+        try:
+            runner, offline = (RUNNERS[runtime](model, cfg.onnx_dir, kind, cfg.cpu_threads) for kind in ("stream", "offline"))
+        except OnnxUnavailable as e:
+            raise CodecError(f"codec.runtime {runtime}: {e}") from None
+    codec = StreamCodec(model, runner, runtime, device, dtype, noise_seed=cfg.noise_seed, offline=offline)
     log.info("codec: stream mode on %s (%s); exact audio trails the newest frame by %d samples; "
              "decoder state %.2f MB per stream", device, runtime, model.lag, model.state_bytes / 1e6)
     return codec

@@ -5,19 +5,22 @@ its chunks; a :class:`StreamCodec` runs the jobs of every session that flushes i
 stacking the states of jobs with the same chunk length into one call.
 
 Chunks. The exact audio trails the newest frame by the decoder's lag (~2.3 frames). The first
-chunk is due after ``first_flush_frames``, long before any sample is exact: while at most
-``warmup_frames`` frames exist, a flush that cannot emit exact audio emits *provisional* audio —
-the stream's state is stepped as usual, then a copy of it is finished as if the stream ended
-there (what an offline decode of the frames so far gives) — up to the newest frame minus a short
-holdback, and the held-back tail is crossfaded into the next chunk. Afterwards only exact audio
-is emitted; the exact stream takes over from the provisional one with that crossfade, so only the
-warm-up region differs from an offline decode. At the end the stream is finished with padding
-frames and every frame is emitted: total audio = frames x 2048 samples exactly.
+chunk is due after ``first_flush_frames``, long before any sample is exact. While at most
+``warmup_frames`` frames exist and the listener would otherwise run dry before exact audio can
+follow (the caller says so: ``need_audio``), the stream emits *provisional* audio: one offline
+decode of all its frames so far (a *prefix decode* through :class:`OfflineSnac`: n frames cost n,
+where finishing the streaming decoder early would cost n + 3), up to the newest frame minus a
+short holdback, the
+held-back tail crossfaded into the next chunk. Its exact state is fed meanwhile as chunks become
+due, and once its exact audio passes what was emitted it takes over with that crossfade, so only
+the warm-up region differs from an offline decode. A listener that holds enough audio (a later
+segment of a long text, a fast stream) gets no provisional chunk at all. At the end the stream is
+finished with padding frames and every frame is emitted: total audio = frames x 2048 exactly.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,31 +29,32 @@ import torch
 
 from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings
-from lyre.codec.streaming import StreamingSnac
+from lyre.codec.streaming import OfflineSnac, StreamingSnac
 
 State = list[torch.Tensor]  # one (1, C, K) tensor per decoder layer with context
-# (c0, c1, c2, fed, end, noise, states) -> (audio (B, c * 2048), states)
-Runner = Callable[..., tuple[Any, Sequence[Any]]]
+# stream: (c0, c1, c2, fed, end, noise, states) -> (audio (B, c * 2048), states);
+# offline: (c0, c1, c2, noise) -> audio (B, T * 2048)
+Runner = Callable[..., Any]
 
 
 @dataclass
 class StreamJob:
     stream: ExactStream
-    frames: np.ndarray  # (c, 7): the new frames, then padding frames when the stream is finishing
-    real: int  # how many of ``frames`` are the stream's own
+    frames: np.ndarray  # (c, 7): new frames (then padding when finishing), or every frame so far (prefix)
+    real: int  # how many of ``frames`` the state takes (0 for a prefix decode)
     fed: int  # frames the stream's state had been given before
-    finishing: bool  # the stream ends with these frames: emit everything
-    provisional: bool  # after the step, finish a copy of the state and emit that (warm-up)
+    finishing: bool = False  # the stream ends with these frames: emit everything
+    prefix: bool = False  # warm-up: an offline decode of the frames so far; the state is left alone
 
     @property
     def cost(self) -> int:
-        """Frames this job runs through the decoder (the warm-up's finishing copy included)."""
-        return len(self.frames) + (self.stream.codec.pad_frames if self.provisional else 0)
+        """Frames this job runs through the decoder."""
+        return len(self.frames)
 
 
 @dataclass
 class StreamResult:
-    audio: np.ndarray  # float32 samples from absolute position fed * 2048 - lag on
+    audio: np.ndarray  # float32 samples from absolute position fed * 2048 - lag on (a prefix decode: from 0)
     state: State | None
 
 
@@ -66,6 +70,7 @@ class ExactStream:
     closed: bool = False
     state: State | None = None  # None: fresh (all zeros)
     fed: int = 0  # frames given to the state
+    _head: list = field(default_factory=list)  # the first warmup_frames frames (for prefix decodes)
     _pending: list = field(default_factory=list)  # frames received, not yet fed
     _fade: Crossfade = field(default_factory=Crossfade)
 
@@ -79,6 +84,9 @@ class ExactStream:
         return self.emitted == self.frames_received * F
 
     def push(self, frames: list[orpheus.Frame]) -> None:
+        room = self.settings.warmup_frames - len(self._head)
+        if room > 0:
+            self._head.extend(frames[:room])
         self._pending.extend(frames)
 
     def finish(self) -> None:
@@ -90,50 +98,52 @@ class ExactStream:
             self.closed = True
             self.state = None
             self._pending.clear()
+            self._head.clear()
             self.codec.live.discard(self)
 
-    def plan(self, chunk_frames: int) -> StreamJob | None:
-        """The job due now (without changing anything), or None. A chunk is due once
-        ``chunk_frames`` frames wait (the first after ``first_flush_frames``; during the warm-up,
-        every frame), or at the end."""
-        s, lag, pending = self.settings, self.codec.lag, len(self._pending)
+    def frames_to_exact(self) -> int:
+        """Frames still to come before exact audio can extend what was emitted."""
+        takeover = (self.emitted + self.codec.lag) // F + 1  # the first m with m * 2048 - lag > emitted
+        return max(0, takeover - self.frames_received)
+
+    def plan(self, chunk_frames: int, need_audio: bool = False) -> StreamJob | None:
+        """The job due now (without changing anything), or None.
+
+        A chunk is due once ``chunk_frames`` frames wait, or at the end. When the listener
+        ``need_audio`` (it would run dry before the next chunk; always before the first audio,
+        which is due after ``first_flush_frames``), whatever can be emitted is due now: exact
+        audio, or — while at most ``warmup_frames`` frames exist — a prefix decode."""
+        s, lag, pending, n = self.settings, self.codec.lag, len(self._pending), self.frames_received
         if self.closed or (self.finished and self.all_out):
             return None
         c = min(pending, s.max_chunk_frames)
         if self.finished and c == pending:
             pad = np.zeros((self.codec.pad_frames, orpheus.FRAME_TOKENS), dtype=np.int64)
-            frames = np.concatenate([self._frame_array(c), pad]) if c else pad
-            return StreamJob(self, frames, c, self.fed, finishing=True, provisional=False)
-        if self.emitted == 0:
-            due = self.frames_received >= s.first_flush_frames
-        else:  # during the warm-up every frame is due: provisional audio keeps the listener fed
-            due = pending >= (1 if self.frames_received <= s.warmup_frames else chunk_frames)
-        if not (due and c) and not self.finished:
+            frames = np.concatenate([_frames(self._pending[:c]), pad]) if c else pad
+            return StreamJob(self, frames, c, self.fed, finishing=True)
+        if c == 0 or (self.emitted == 0 and n < s.first_flush_frames):
             return None
-        after = self.fed + c
-        provisional = (not self.finished and after * F - lag <= self.emitted and after <= s.warmup_frames
-                       and after * F - s.holdback > self.emitted)
-        return StreamJob(self, self._frame_array(c), c, self.fed, finishing=False, provisional=provisional)
-
-    def _frame_array(self, c: int) -> np.ndarray:
-        return np.asarray(self._pending[:c], dtype=np.int64).reshape(c, orpheus.FRAME_TOKENS)
+        exact = (self.fed + c) * F - lag > self.emitted
+        if need_audio and not exact and not self.finished and n <= s.warmup_frames and n * F - s.holdback > self.emitted:
+            return StreamJob(self, _frames(self._head[:n]), 0, self.fed, prefix=True)
+        if (need_audio and exact) or pending >= chunk_frames or self.finished:
+            return StreamJob(self, _frames(self._pending[:c]), c, self.fed)
+        return None
 
     def complete(self, job: StreamJob, result: StreamResult) -> np.ndarray:
-        """Take the job's decoded audio and new state; return the samples to emit (maybe none)."""
-        del self._pending[: job.real]
-        self.fed += job.real
-        self.state = result.state
-        start = job.fed * F - self.codec.lag  # absolute position of result.audio[0]
-        if job.finishing:
-            limit = self.fed * F
-        elif job.provisional:
-            limit = self.fed * F - self.settings.holdback
+        """Take the job's decoded audio (and new state); return the samples to emit (maybe none)."""
+        if job.prefix:
+            start, limit = 0, len(job.frames) * F - self.settings.holdback
         else:
-            limit = self.fed * F - self.codec.lag
+            del self._pending[: job.real]
+            self.fed += job.real
+            self.state = result.state
+            start = job.fed * F - self.codec.lag  # absolute position of result.audio[0]
+            limit = self.fed * F if job.finishing else self.fed * F - self.codec.lag
         if limit <= self.emitted:
             return np.zeros(0, dtype=np.float32)
         out = self._fade.apply(result.audio[self.emitted - start : limit - start].copy())
-        if job.provisional:
+        if job.prefix:
             self._fade.hold(result.audio[limit - start : limit - start + self.settings.holdback])
             self.provisional_end = limit
         else:
@@ -145,16 +155,23 @@ class ExactStream:
         return out
 
 
+def _frames(frames: list) -> np.ndarray:
+    return np.asarray(frames, dtype=np.int64).reshape(len(frames), orpheus.FRAME_TOKENS)
+
+
 class StreamCodec:
-    """Runs :class:`StreamJob` s: jobs with the same chunk length share one batched call."""
+    """Runs :class:`StreamJob` s: jobs with the same chunk length share one batched call, and so do
+    prefix decodes of the same length. ``runner``/``offline`` run the two graphs (default: the torch
+    modules; :mod:`lyre.codec.onnx` for the ONNX runtimes)."""
 
     mode = "stream"
 
     def __init__(self, model: StreamingSnac, runner: Runner | None = None, runtime: str = "torch",
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 noise_seed: int | None = None):
+                 noise_seed: int | None = None, offline: Runner | None = None):
         self.model = model
-        self.runner = runner or _torch_runner(model)
+        self.runner = runner or model
+        self.offline = offline or OfflineSnac(model)
         self.runtime = runtime
         self.device, self.dtype = torch.device(device), dtype
         self.lag, self.pad_frames = model.lag, model.pad_frames
@@ -176,48 +193,52 @@ class StreamCodec:
                                       state_bytes_per_stream=self.model.state_bytes, lag_samples=self.lag)
 
     def decode(self, jobs: list[StreamJob]) -> list[StreamResult]:
-        """Each job's audio (from ``fed * 2048 - lag`` on) and new state, in order."""
+        """Each job's audio and new state, in order."""
         out: list[StreamResult | None] = [None] * len(jobs)
-        by_len: dict[int, list[int]] = {}
+        groups: dict[tuple[bool, int], list[int]] = {}
         for i, job in enumerate(jobs):
-            by_len.setdefault(len(job.frames), []).append(i)
-        for idx in by_len.values():
+            groups.setdefault((job.prefix, len(job.frames)), []).append(i)
+        for (prefix, _), idx in groups.items():
+            frames = np.stack([jobs[i].frames for i in idx])  # (B, c, 7)
+            if prefix:
+                for row, audio in zip(idx, self._prefix(frames), strict=True):
+                    out[row] = StreamResult(audio, None)
+                continue
             group = [jobs[i] for i in idx]
             ends = [j.fed + j.real if j.finishing else StreamingSnac.OPEN for j in group]
-            audio, states = self._run(np.stack([j.frames for j in group]), [j.fed for j in group], ends,
-                                      [j.stream.state for j in group])
+            audio, states = self._run(frames, [j.fed for j in group], ends, [j.stream.state for j in group])
             for row, i in enumerate(idx):
                 out[i] = StreamResult(audio[row], None if jobs[i].finishing else [s[row : row + 1] for s in states])
-        warm = [i for i, job in enumerate(jobs) if job.provisional]
-        if warm:  # finish a copy of each warm-up state: the audio as if the stream ended here
-            fed = [jobs[i].fed + jobs[i].real for i in warm]
-            pad = np.zeros((len(warm), self.pad_frames, orpheus.FRAME_TOKENS), dtype=np.int64)
-            audio, _ = self._run(pad, fed, fed, [out[i].state for i in warm])
-            for row, i in enumerate(warm):
-                out[i].audio = np.concatenate([out[i].audio, audio[row]])
         return out  # type: ignore[return-value]
+
+    def _codes(self, frames: np.ndarray) -> list[torch.Tensor]:
+        b = frames.shape[0]
+        c0, c1, c2 = orpheus.frames_to_codes(frames.reshape(-1, orpheus.FRAME_TOKENS))  # (B*c,), (B*2c,), (B*4c,)
+        return [torch.from_numpy(x).view(b, -1).to(self.device) for x in (c0, c1, c2)]
+
+    @torch.inference_mode()
+    def _prefix(self, frames: np.ndarray) -> np.ndarray:
+        """(B, n, 7) -> (B, n * 2048): one offline ``SNAC.decode`` of each row."""
+        b, n = frames.shape[:2]
+        audio = self.offline(*self._codes(frames), self._noise(b, n))  # (B, n * 2048)
+        self.counters.frames_decoded += b * n
+        self.counters.calls += 1
+        return audio.float().cpu().numpy() if isinstance(audio, torch.Tensor) else audio
+
+    def _noise(self, b: int, c: int) -> list[torch.Tensor]:
+        return [torch.randn((b, 1, c * p), generator=self.generator).to(self.device, self.dtype)
+                for p in self.model.noise_per_frame]
 
     @torch.inference_mode()
     def _run(self, frames: np.ndarray, fed: list[int], end: list[int], states: list[State | None]):
         """One batched call: ``frames`` (B, c, 7) -> audio (B, c * 2048) float32 numpy, states."""
         b, c = frames.shape[:2]
-        c0, c1, c2 = orpheus.frames_to_codes(frames.reshape(-1, orpheus.FRAME_TOKENS))  # (B*c,), (B*2c,), (B*4c,)
-        codes = [torch.from_numpy(x).view(b, -1).to(self.device) for x in (c0, c1, c2)]
         fresh = self.model.new_state(self.dtype, self.device)
         stacked = [torch.cat([(s if s is not None else fresh)[k] for s in states]) for k in range(len(fresh))]
-        noise = [torch.randn((b, 1, c * p), generator=self.generator).to(self.device, self.dtype)
-                 for p in self.model.noise_per_frame]
-        audio, new_states = self.runner(*codes, torch.tensor(fed, device=self.device),
-                                        torch.tensor(end, device=self.device), noise, stacked)
+        audio, new_states = self.runner(*self._codes(frames), torch.tensor(fed, device=self.device),
+                                        torch.tensor(end, device=self.device), self._noise(b, c), stacked)
         self.counters.frames_decoded += b * c
         self.counters.calls += 1
         if isinstance(audio, torch.Tensor):
             audio = audio.float().cpu().numpy()
         return audio, [torch.as_tensor(s) for s in new_states]
-
-
-def _torch_runner(model: StreamingSnac) -> Runner:
-    def run(c0, c1, c2, fed, end, noise, states):
-        return model(c0, c1, c2, fed, end, noise, states)
-
-    return run

@@ -97,6 +97,10 @@ class _Conv(_Stage):
         y = fn.conv1d(buf, c.weight, c.bias, 1, 0, c.dilation, c.groups)  # (B, C', n)
         return y, buf[..., buf.shape[-1] - self.state_shape[1] :]
 
+    def whole(self, x):
+        c = self.conv
+        return fn.conv1d(x, c.weight, c.bias, 1, self.state_shape[1] // 2, c.dilation, c.groups)
+
 
 class _Upsample(_Stage):
     """``ConvTranspose1d(kernel 2s, stride s, padding s/2)``: output block q (s samples) is
@@ -119,10 +123,17 @@ class _Upsample(_Stage):
 
     def forward(self, x, state, fed, end):
         buf = torch.cat([state, _valid(x, fed, end, self.lag_in, self.per_frame_in)], dim=-1)  # (B, C, n + 1)
+        return self._blocks(buf), buf[..., -1:]  # (B, C', n * s)
+
+    def _blocks(self, buf):
+        """Full transposed-convolution output blocks for the taps in ``buf`` (B, C, n + 1) -> (B, C', n * s)."""
         z = fn.conv1d(buf, self.weight, self.bias)  # (B, C' * s, n)
         b, _, n = z.shape
-        z = z.view(b, self.c_out, self.stride, n).transpose(2, 3).reshape(b, self.c_out, n * self.stride)
-        return z, buf[..., -1:]  # (B, C', n * s)
+        return z.view(b, self.c_out, self.stride, n).transpose(2, 3).reshape(b, self.c_out, n * self.stride)
+
+    def whole(self, x):
+        n, h = x.shape[-1], self.stride // 2
+        return self._blocks(fn.pad(x, (1, 1)))[..., h : h + n * self.stride]  # the crop of padding s/2
 
 
 class _Residual(_Stage):
@@ -148,6 +159,9 @@ class _Residual(_Stage):
         out = xs[..., : x.shape[-1]] + y
         tail = torch.cat([buf[..., buf.shape[-1] - self.ctx :], xs[..., xs.shape[-1] - self.ctx // 2 :]], dim=-1)
         return out, tail
+
+    def whole(self, x):
+        return x + self.conv1x1(self.snake2(self.inner.whole(self.snake1(x))))
 
 
 class _Noise(nn.Module):
@@ -176,7 +190,7 @@ class StreamingSnac(nn.Module):
     Folds ``snac``'s weight norm in place (the same weights, computed once).
     """
 
-    OPEN = 1 << 40  # ``end`` of a stream that is still going
+    OPEN = 1 << 19  # ``end`` of a stream that is still going (frames; x 2048 still fits in int32)
 
     def __init__(self, snac: nn.Module):
         super().__init__()
@@ -246,3 +260,26 @@ class StreamingSnac(nn.Module):
             else:
                 x = layer(x)
         return x[:, 0], new_states  # (B, c * 2048)
+
+
+class OfflineSnac(nn.Module):
+    """``forward(c0, c1, c2, noise) -> audio (B, T * 2048)``: one decode of whole frames through the
+    same layers and weights as :class:`StreamingSnac` (SNAC.decode, with its transposed convolutions
+    as two-tap convolutions) — what a stream of these frames gives once finished, at the cost of T
+    frames where finishing a fresh stream would cost T + pad_frames. Stream mode's warm-up chunks."""
+
+    def __init__(self, streaming: StreamingSnac):
+        super().__init__()
+        self.streaming = streaming
+
+    def forward(self, c0, c1, c2, noise):
+        x = self.streaming.quantizer.from_codes([c0, c1, c2])  # (B, latent, 4T)
+        k = iter(noise)
+        for layer in self.streaming.layers:
+            if isinstance(layer, _Stage):
+                x = layer.whole(x)
+            elif isinstance(layer, _Noise):
+                x = layer(x, next(k))
+            else:
+                x = layer(x)
+        return x[:, 0]

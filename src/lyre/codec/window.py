@@ -97,7 +97,10 @@ class WindowStream:
         exact_backlog = max(0, self._n - self.settings.context_frames) * F - self.emitted  # left by max_chunk_frames
         return self._n - self._flushed_at >= chunk_frames or exact_backlog >= chunk_frames * F
 
-    def plan(self, chunk_frames: int) -> DecodeJob | None:
+    def frames_to_exact(self) -> int:
+        return 0  # window mode plans its warm-up by frame count alone
+
+    def plan(self, chunk_frames: int, need_audio: bool = False) -> DecodeJob | None:
         """The decode job due now, or None. Planning a job changes nothing until :meth:`complete`."""
         if self.closed or not self._due(chunk_frames):
             return None

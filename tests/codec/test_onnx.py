@@ -1,0 +1,68 @@
+"""The ONNX runtimes of the streaming decoder against torch: same frames, same noise, same audio."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lyre import checkpoint
+from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime
+from lyre.codec import onnx as codec_onnx
+from lyre.codec.stream import StreamCodec
+from lyre.codec.streaming import StreamingSnac
+from lyre.config import load_config
+
+from ..conftest import REPO_ROOT
+from .conftest import F, feed, offline, random_frames
+
+CACHE = REPO_ROOT / "models" / "codec-onnx"  # shared with the servers the other tests start
+
+
+def runtime_or_skip(name: str) -> None:
+    if (why := codec_onnx.available(name)) is not None:
+        pytest.skip(f"codec runtime {name} not testable here: {why}")
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
+@pytest.mark.parametrize("noise", [False, True])
+def test_an_onnx_runtime_streams_the_same_audio_as_torch(demo_dir, runtime, noise):
+    runtime_or_skip(runtime)
+    frames = random_frames(14, seed=21)
+    snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), noise, seed=7)
+    model = StreamingSnac(snac).eval()
+    runner, offline_runner = (codec_onnx.RUNNERS[runtime](model, CACHE, kind) for kind in codec_onnx.KINDS)
+    settings = StreamSettings(warmup_frames=3)
+    ref, _ = feed(StreamCodec(model, noise_seed=7), frames, settings, [1] * 14)  # the warm-up's prefix decodes too
+    got, stream = feed(StreamCodec(model, runner, runtime, noise_seed=7, offline=offline_runner), frames, settings,
+                       [1] * 14)
+    ref, got = np.concatenate(ref), np.concatenate(got)
+    assert len(got) == 14 * F and stream.provisional_end > 0
+    assert np.abs(got - ref).max() <= 1e-5 * np.abs(ref).max()
+    if not noise:  # and the stream is still exact after its warm-up
+        join = stream.provisional_end + settings.holdback
+        assert np.abs(got[join:] - offline(snac, frames)[join:]).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_the_graph_is_exported_once_and_reused(demo_dir):
+    runtime_or_skip("onnxruntime")
+    model = StreamingSnac(configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)).eval()
+    first = codec_onnx.OnnxRunner(model, CACHE, "stream").path
+    stamp = first.stat().st_mtime_ns
+    again = codec_onnx.OnnxRunner(model, CACHE, "stream").path
+    assert again == first and again.stat().st_mtime_ns == stamp
+    assert codec_onnx.graph_key(model, "stream") != codec_onnx.graph_key(model, "offline")
+
+
+def test_runtime_choice_and_clear_refusals(demo_dir):
+    runtime_or_skip("onnxruntime")
+    assert resolve_runtime("auto", "cpu") == "onnxruntime"
+    assert resolve_runtime("auto", "cuda") == "torch"
+    assert resolve_runtime("torch", "cpu") == "torch"
+    with pytest.raises(CodecError, match="CPU only"):
+        resolve_runtime("onnxruntime", "cuda")
+    cfg = load_config(None, {"codec.runtime": "onnxruntime", "codec.onnx_dir": str(CACHE)})
+    snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)
+    codec = build_codec(cfg.codec, snac, "cpu", snac.quantizer.quantizers[0].codebook.weight.dtype)
+    assert codec.stats()["runtime"] == "onnxruntime" and codec.stats()["mode"] == "stream"
+    window = build_codec(load_config(None, {"codec.mode": "window"}).codec, snac, "cpu", codec.dtype)
+    assert window.stats()["mode"] == "window"

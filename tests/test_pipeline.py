@@ -1,0 +1,111 @@
+"""The audio half of a step: least slack first within the round's budget, chunks that grow with
+slack, decode errors contained to their call — over the real streaming codec (demo SNAC, noise off)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lyre import checkpoint, orpheus
+from lyre.codec import StreamSettings, configure_noise
+from lyre.codec.stream import StreamCodec
+from lyre.codec.streaming import StreamingSnac
+from lyre.engine.base import SamplingParams
+from lyre.pipeline import AudioPipeline
+from lyre.session import ACTIVE, ChunkEvent, Segment, Session
+
+from .codec.conftest import random_frames
+
+F = orpheus.SAMPLES_PER_FRAME
+FRAME_S = F / orpheus.SAMPLE_RATE
+
+
+@pytest.fixture(scope="module")
+def model(demo_dir):
+    return StreamingSnac(configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)).eval()
+
+
+def session(name: str, pipeline: AudioPipeline, events: list) -> Session:
+    s = Session(name, [Segment([1])], SamplingParams(), events.append, created=0.0, status=ACTIVE)
+    pipeline.open(s.segments[0])
+    return s
+
+
+def past_warmup(pipeline: AudioPipeline, s: Session, frames: int = 6) -> None:
+    """Push and decode ``frames`` frames so that the stream emits exact audio; the listener has played
+    what it got."""
+    s.segments[0].decoder.push(random_frames(frames, seed=hash(s.session_id) % 1000))
+    while pipeline.finish([s], now=1.0).busy:
+        pass
+    s.played_s = s.audio_seconds
+
+
+def test_when_a_round_is_full_the_sessions_with_least_slack_are_decoded_first(model):
+    settings = StreamSettings(every_flush_frames=1, max_chunk_frames=1, warmup_frames=1)
+    pipeline = AudioPipeline(StreamCodec(model), settings, max_frames_per_round=1)
+    events = {name: [] for name in ("far", "near", "mid", "new")}
+    sessions = {name: session(name, pipeline, ev) for name, ev in events.items()}
+    for name in ("far", "near", "mid"):
+        past_warmup(pipeline, sessions[name])
+    for name, slack in (("far", 1.5), ("near", 0.2), ("mid", 0.8)):
+        sessions[name].played_s = sessions[name].audio_seconds - slack
+    for ev in events.values():
+        ev.clear()
+    for s in sessions.values():
+        s.segments[0].decoder.push(random_frames(1, seed=99))
+    served = []
+    for _ in range(5):  # one frame per round (the new session's state also takes its frame after its warm-up decode)
+        pipeline.finish(list(sessions.values()), now=2.0)
+        served += [name for name, ev in events.items() if any(isinstance(e, ChunkEvent) for e in ev) and name not in served]
+    assert served == ["new", "near", "mid", "far"]  # waiting for its first audio, then least slack; nothing dropped
+
+
+@pytest.mark.parametrize("slack_s,frames", [(None, 2), (0.0, 2), (0.35, 2), (0.7, 4), (1.4, 8), (30.0, 8)])
+def test_chunks_grow_with_the_audio_the_listener_holds(model, slack_s, frames):
+    pipeline = AudioPipeline(StreamCodec(model), StreamSettings(every_flush_frames=2, max_chunk_frames=8), 64)
+    s = session("s", pipeline, [])
+    if slack_s is not None:
+        s.start_clock(0.0)
+        s.audio_samples = int(slack_s * orpheus.SAMPLE_RATE)
+    assert pipeline.chunk_frames(s, now=0.0) == frames
+
+
+class FailingOnce:
+    """Fault injection around the real runner: the next call raises."""
+
+    def __init__(self, model):
+        self.model, self.armed = model, False
+
+    def __call__(self, *args):
+        if self.armed:
+            self.armed = False
+            raise RuntimeError("simulated codec fault")
+        return self.model(*args)
+
+
+def test_a_decode_error_fails_only_the_sessions_in_that_call(model):
+    runner = FailingOnce(model)
+    pipeline = AudioPipeline(StreamCodec(model, runner), StreamSettings(warmup_frames=1), max_frames_per_round=64)
+    a, b, c = (session(n, pipeline, []) for n in "abc")
+    for s in (a, b):
+        s.segments[0].decoder.push(random_frames(4, seed=1))  # past the warm-up: exact audio, from the runner
+    runner.armed = True
+    out = pipeline.finish([a, b, c], now=1.0)
+    assert {s.session_id for s, _ in out.failed} == {"a", "b"}
+    assert all("simulated codec fault" in why for _, why in out.failed)
+    c.segments[0].decoder.push(random_frames(4, seed=2))  # c was not in that call: it decodes as usual
+    out = pipeline.finish([c], now=1.0)
+    assert not out.failed and c.chunks == 1 and np.isfinite(c.audio_seconds)
+
+
+def test_ended_sessions_free_their_decoder_state(model):
+    codec = StreamCodec(model)
+    pipeline = AudioPipeline(codec, StreamSettings(), max_frames_per_round=64)
+    sessions = [session(f"s{i}", pipeline, []) for i in range(20)]
+    for s in sessions:
+        s.segments[0].decoder.push(random_frames(2, seed=3))
+    pipeline.finish(sessions, now=1.0)
+    assert len(codec.live) == 20
+    for s in sessions:
+        pipeline.close(s)
+    assert len(codec.live) == 0
