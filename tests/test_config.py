@@ -99,6 +99,14 @@ def test_override_adds_a_tuning_profile():
         ("profile=radio", ["profile", "'radio'", "conversational, longform"]),
         ("model.backend=onnx", ["model.backend", "'onnx'", "'auto', 'torch', 'trtllm'"]),
         ("codec.noise=maybe", ["codec.noise", "'maybe'", "true or false"]),
+        ("codec.mode=fast", ["codec.mode", "'fast'", "'stream', 'window'"]),
+        ("codec.runtime=tensorrt", ["codec.runtime", "'tensorrt'", "'onnxruntime', 'openvino'"]),
+        ("codec.max_chunk_frames=1", ["codec.max_chunk_frames", "1", "flush_every_n_tokens / 7 (2)"]),
+        ("codec.max_frames_per_round=4", ["codec.max_frames_per_round", "4", "codec.max_chunk_frames (8)"]),
+        ("scheduler.consumer_timeout_s=0.5", ["scheduler.consumer_timeout_s", "0.5", "longest chunk", "0.68 s"]),
+        ("scheduler.flush_first_n_tokens=35", ["codec.warmup_frames", "4", "flush_first_n_tokens / 7 (5)"]),
+        ("scheduler.session_timeout_s=.inf", ["scheduler.session_timeout_s", "inf", "<= 86400"]),
+        ("scheduler.max_buffer_s=0", ["scheduler.max_buffer_s", "0", "must be > 0.0"]),
         ("scheduler=3", ["scheduler", "3", "mapping"]),
         ("novalue", ["novalue", "section.key=value"]),
     ],
@@ -109,6 +117,11 @@ def test_bad_values_are_refused_with_key_value_and_rule(override, pieces):
     message = str(info.value)
     for piece in pieces:
         assert piece in message, f"{piece!r} not in {message!r}"
+
+
+def test_yaml_on_and_off_are_the_words_a_choice_expects():
+    assert load_config(None, ["codec.overlap=on"]).codec.overlap == "on"  # YAML reads on/off as booleans
+    assert load_config(None, ["codec.overlap=off"]).codec.overlap == "off"
 
 
 def test_bad_file_contents_are_refused(tmp_path):

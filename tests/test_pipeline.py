@@ -86,16 +86,57 @@ class FailingOnce:
 def test_a_decode_error_fails_only_the_sessions_in_that_call(model):
     runner = FailingOnce(model)
     pipeline = AudioPipeline(StreamCodec(model, runner), StreamSettings(warmup_frames=1), max_frames_per_round=64)
-    a, b, c = (session(n, pipeline, []) for n in "abc")
+    a, b, c, d = (session(n, pipeline, []) for n in "abcd")
     for s in (a, b):
         s.segments[0].decoder.push(random_frames(4, seed=1))  # past the warm-up: exact audio, from the runner
+    d.segments[0].decoder.push(random_frames(1, seed=3))  # its first chunk: a warm-up decode, another call
     runner.armed = True
-    out = pipeline.finish([a, b, c], now=1.0)
+    out = pipeline.finish([a, b, c, d], now=1.0)
     assert {s.session_id for s, _ in out.failed} == {"a", "b"}
     assert all("simulated codec fault" in why for _, why in out.failed)
+    assert d.chunks == 1  # its call in the same round succeeded
     c.segments[0].decoder.push(random_frames(4, seed=2))  # c was not in that call: it decodes as usual
     out = pipeline.finish([c], now=1.0)
     assert not out.failed and c.chunks == 1 and np.isfinite(c.audio_seconds)
+
+
+def test_a_session_whose_frames_wait_for_the_codec_is_backlogged(model):
+    pipeline = AudioPipeline(StreamCodec(model), StreamSettings(max_chunk_frames=2), max_frames_per_round=64)
+    s = session("s", pipeline, [])
+    s.segments[0].decoder.push(random_frames(7, seed=4))
+    assert not pipeline.backlogged(s)  # 7 frames: within two chunks and the decoder's lookahead
+    s.segments[0].decoder.push(random_frames(1, seed=5))
+    assert pipeline.backlogged(s)  # its tokens can wait: the scheduler leaves it out of the next step
+    while pipeline.finish([s], now=1.0).busy and pipeline.backlogged(s):
+        pass
+    assert not pipeline.backlogged(s)
+
+
+def test_with_overlap_the_codec_decodes_on_its_own_thread_and_delivers_every_frame(model, demo_dir):
+    from lyre.codec import configure_noise
+
+    from .codec.conftest import offline
+
+    pipeline = AudioPipeline(StreamCodec(model), StreamSettings(warmup_frames=1), 64, overlap=True)
+    events: list = []
+    s = session("s", pipeline, events)
+    frames = random_frames(10, seed=8)
+    finished = []
+    for i, frame in enumerate(frames):
+        s.segments[0].decoder.push([frame])
+        if i == len(frames) - 1:
+            s.segments[0].decoder.finish()
+        pipeline.begin()  # what the last round planned decodes meanwhile
+        finished += pipeline.finish([s], now=1.0 + i).finished
+    for _ in range(4):
+        pipeline.begin()
+        finished += pipeline.finish([s], now=20.0).finished
+    pipeline.shutdown()
+    audio = np.concatenate([e.pcm for e in events if isinstance(e, ChunkEvent)])
+    assert len(audio) == 10 * F and s in finished
+    ref = offline(configure_noise(checkpoint.load_snac(demo_dir / "snac"), False), frames)
+    join = s.segments[0].decoder.provisional_end + 256
+    assert np.abs(audio[join:] - ref[join:]).max() <= 1e-5 * np.abs(ref).max()
 
 
 def test_ended_sessions_free_their_decoder_state(model):
@@ -109,3 +150,23 @@ def test_ended_sessions_free_their_decoder_state(model):
     for s in sessions:
         pipeline.close(s)
     assert len(codec.live) == 0
+
+
+@pytest.mark.parametrize("first_chunk,frame_s,first_at", [
+    ("eager", 0.200, 1),  # at flush_first_n_tokens, whatever the pace
+    ("bridge", 0.005, 1),  # a fast stream: the first frame's audio lasts until exact audio follows
+    ("bridge", 0.040, 2),  # ~2x real time: wait for a second frame
+    ("bridge", 0.200, 4),  # slower than real time: no first chunk would last; at most warmup_frames
+])
+def test_the_first_chunk_waits_until_it_can_last_when_asked_to_bridge(model, first_chunk, frame_s, first_at):
+    settings = StreamSettings(first_flush_frames=1, every_flush_frames=2, warmup_frames=4)
+    pipeline = AudioPipeline(StreamCodec(model), settings, max_frames_per_round=64, first_chunk=first_chunk)
+    s = session("s", pipeline, [])
+    for n in range(1, 6):
+        s.segments[0].decoder.push(random_frames(1, seed=n))
+        s.tokens, s.first_token_at, s.last_token_at = 7 * n, 0.0, frame_s * (7 * n - 1) / 7  # its pace so far
+        pipeline.finish([s], now=frame_s * n)
+        if s.chunks:
+            break
+    assert s.chunks == 1 and s.segments[0].decoder.frames_received == first_at
+    assert s.audio_samples == first_at * F - settings.holdback  # one chunk: all the frames so far

@@ -108,14 +108,15 @@ class SchedulerConfig:
     ttfb_priority_tokens: int = _f(20, ge=0)
     flush_first_n_tokens: int = _f(7, ge=7, le=7 * 64, multiple_of=7)
     flush_every_n_tokens: int = _f(14, ge=7, le=7 * 64, multiple_of=7)
+    first_chunk: Literal["bridge", "eager"] = "bridge"
     max_pending: int = _f(64, ge=0)
     policy: Literal["fair", "deadline"] = "fair"
     max_wait_steps: int = _f(4, ge=1)
     max_prefill_tokens: int = _f(512, ge=16)
     reserved_slots: int = _f(2, ge=0)
     max_buffer_s: float = _f(2.0, gt=0.0, le=600.0)
-    session_timeout_s: float = _f(120.0, gt=0.0)
-    consumer_timeout_s: float = _f(10.0, gt=0.0)
+    session_timeout_s: float = _f(120.0, gt=0.0, le=86400.0)
+    consumer_timeout_s: float = _f(10.0, gt=0.0, le=3600.0)
 
 
 @dataclass(frozen=True)
@@ -373,6 +374,19 @@ def _check_relations(cfg: LyreConfig) -> None:
         raise ConfigError(
             f"config key 'codec.max_chunk_frames' = {c.max_chunk_frames} is out of range: must be >= "
             f"scheduler.flush_every_n_tokens / 7 ({s.flush_every_n_tokens // 7}), the smallest later chunk"
+        )
+    chunk_s = c.max_chunk_frames * 2048 / 24000
+    if s.consumer_timeout_s <= chunk_s:
+        raise ConfigError(
+            f"config key 'scheduler.consumer_timeout_s' = {s.consumer_timeout_s} is out of range: must be > the "
+            f"longest chunk, codec.max_chunk_frames ({c.max_chunk_frames}) x 85.3 ms = {chunk_s:.2f} s, or a client "
+            f"that takes each chunk when its player needs it would count as slow"
+        )
+    if c.warmup_frames < s.flush_first_n_tokens // 7:
+        raise ConfigError(
+            f"config key 'codec.warmup_frames' = {c.warmup_frames} is out of range: must be >= "
+            f"scheduler.flush_first_n_tokens / 7 ({s.flush_first_n_tokens // 7}), or the first chunk could not be "
+            f"provisional and would wait for exact audio"
         )
     if c.max_frames_per_round < c.max_chunk_frames:
         raise ConfigError(

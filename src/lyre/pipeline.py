@@ -47,14 +47,16 @@ Job = tuple[Session, Segment, Any]
 
 class AudioPipeline:
     def __init__(self, codec: Any, settings: StreamSettings, max_frames_per_round: int, metrics: Any = None,
-                 overlap: bool = False):
+                 overlap: bool = False, first_chunk: str = "bridge"):
         self.codec = codec
+        self.first_chunk = first_chunk
         self.settings = settings
         self.max_frames_per_round = max_frames_per_round
         self.metrics = metrics
         self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lyre-codec") if overlap else None
         self._planned: list[Job] = []
         self._inflight: tuple[list[Job], Future] | None = None
+        self.round_s = 0.0  # recent decode time of a round (exponential mean)
 
     # --- segments -------------------------------------------------------------------------------
 
@@ -76,20 +78,51 @@ class AudioPipeline:
             c *= 2
         return c
 
+    def backlogged(self, s: Session) -> bool:
+        """More of ``s``'s frames wait for the codec than two chunks and the decoder's lookahead: its
+        tokens are not needed until the codec catches up (generation yields to decoding)."""
+        if s.current >= len(s.segments) or s.segments[s.current].decoder is None:
+            return False
+        stream = s.segments[s.current].decoder
+        waiting = stream.frames_received - stream.emitted / orpheus.SAMPLES_PER_FRAME
+        return waiting > 2 * self.settings.max_chunk_frames + 3
+
     def needs_audio(self, s: Session, stream: Any, now: float) -> bool:
-        """Would ``s``'s listener run dry before exact audio can follow? True before its first audio;
-        else when its slack is less than the frames still to come before the stream's exact audio
-        passes what was emitted, plus one, at the session's pace of generation."""
+        """Must ``s``'s listener get audio now?
+
+        - Its first audio: at once (``first_chunk: eager``), or (``bridge``) once a first chunk of
+          the frames so far would last until the stream's exact audio can follow it at the session's
+          pace — a first chunk that runs dry is a stutter, worse than a later start — and at the
+          latest after ``warmup_frames`` frames.
+        - Later: when it would run dry before the next round could help (its slack is under one frame
+          of generation plus a round of decoding), and — the last warm-up frame being the last chance
+          for provisional audio — when its slack would not last until the exact audio passes what was
+          emitted."""
+        frame_s = self._frame_s(s)
         slack = s.slack(now)
-        if slack == float("-inf") or s.tokens < 2:
+        if slack == float("-inf"):
+            if self.first_chunk == "eager" or frame_s is None or stream.frames_received >= self.settings.warmup_frames:
+                return True
+            first = stream.frames_received * orpheus.SAMPLES_PER_FRAME - self.settings.holdback
+            wait = (stream.frames_to_exact(first) + 1) * frame_s + self.round_s
+            return first / orpheus.SAMPLE_RATE >= wait
+        if frame_s is None or slack < frame_s + self.round_s:
             return True
-        frame_s = orpheus.FRAME_TOKENS * (s.last_token_at - s.first_token_at) / (s.tokens - 1)
-        return slack < (stream.frames_to_exact() + 1) * frame_s
+        last_chance = stream.frames_received >= self.settings.warmup_frames
+        return last_chance and slack < (stream.frames_to_exact() + 1) * frame_s + self.round_s
+
+    @staticmethod
+    def _frame_s(s: Session) -> float | None:
+        """Seconds per frame at the session's pace of generation so far; None before two tokens."""
+        if s.tokens < 2:
+            return None
+        return orpheus.FRAME_TOKENS * (s.last_token_at - s.first_token_at) / (s.tokens - 1)
 
     # --- the round ------------------------------------------------------------------------------
 
     def begin(self) -> None:
         """With overlap: start decoding what the last round planned (the engine steps meanwhile)."""
+        self._planned = [j for j in self._planned if j[0].status == ACTIVE]  # not for sessions ended since
         if self._overlap is not None and self._planned:
             jobs, self._planned = self._planned, []
             self._inflight = (jobs, self._overlap.submit(self._decode, jobs))
@@ -152,7 +185,9 @@ class AudioPipeline:
             log.exception("audio decode failed")
             return e
         finally:
-            self.codec.counters.decode_s += time.perf_counter() - t0
+            spent = time.perf_counter() - t0
+            self.codec.counters.decode_s += spent
+            self.round_s = 0.7 * self.round_s + 0.3 * spent
 
     def _deliver(self, jobs: list[Job], results: list[Any] | Exception, now: float, out: AudioOutcome) -> None:
         if isinstance(results, Exception):
@@ -162,6 +197,9 @@ class AudioPipeline:
         for (s, seg, job), result in zip(jobs, results, strict=True):
             if s.status != ACTIVE:
                 continue  # ended while its audio was decoding
+            if isinstance(result, Exception):  # its call failed (the others in the round did not)
+                out.failed.append((s, f"audio decode failed: {type(result).__name__}: {result}"))
+                continue
             starts = seg.decoder.emitted == 0
             pcm = seg.decoder.complete(job, result)
             ends = seg.decoder.finished and seg.decoder.all_out

@@ -6,8 +6,9 @@ and receives events through each session's ``sink``.
 
 ``Scheduler.step()`` reads as: expire (cancels, stalled clients, sessions without progress) ->
 admit (pending sessions into free KV slots: the engine's ``add`` says when none is free) ->
-engine step (in the order the policy gives) -> route tokens into each segment's parser and codec
-stream -> audio (the :class:`~lyre.pipeline.AudioPipeline` decodes and delivers due chunks).
+engine step (in the order the policy gives; a session whose frames wait for the codec sits out) ->
+route tokens into each segment's parser and codec stream -> audio (the
+:class:`~lyre.pipeline.AudioPipeline` decodes and delivers due chunks).
 
 Session-ending rules measure what they mean. A client is a slow consumer only when it is more
 than ``consumer_timeout_s`` behind its listener's clock (it read less audio than a real-time
@@ -86,7 +87,7 @@ class Scheduler:
         before = (self.total_ended, len(self.pending))
         self._expire(now)
         self._admit()
-        generating = self._generating()
+        generating = {s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)}
         order = [generating[s] for s in self.policy.decode_order(list(generating), self.step_count, now)]
         t0 = time.perf_counter()
         self.audio.begin()  # with overlap: last round's chunks decode while the engine steps

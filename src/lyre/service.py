@@ -228,7 +228,7 @@ class SpeechStream:
         if ev.outcome == FINISHED:
             raise StopAsyncIteration
         if ev.outcome == CANCELLED and ev.reason == "timeout":
-            raise SynthesisTimeout("synthesis took longer than scheduler.session_timeout_s")
+            raise SynthesisTimeout("synthesis made no progress (no audio generated or read) for scheduler.session_timeout_s")
         if ev.outcome == CANCELLED:
             raise SynthesisCancelled(f"synthesis was cancelled ({ev.reason})")
         raise SynthesisFailed(ev.reason or "synthesis failed")
@@ -306,7 +306,8 @@ class TTSService:
             warmup_frames=cfg.codec.warmup_frames,
         )
         overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and on_gpu)
-        audio = AudioPipeline(codec, settings, cfg.codec.max_frames_per_round, self.metrics, overlap)
+        audio = AudioPipeline(codec, settings, cfg.codec.max_frames_per_round, self.metrics, overlap,
+                              cfg.scheduler.first_chunk)
         self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)
         self._loop = EngineLoop(self.scheduler)
         self._loop.start()

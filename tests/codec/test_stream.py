@@ -133,3 +133,15 @@ def test_decoder_noise_is_seedable(demo_dir):
     a, b, c, quiet = run(3), run(3), run(4), run(None, noise=False)
     assert np.array_equal(a, b)  # the same seed gives the same audio
     assert np.abs(a - c).max() > 1e-4 and np.abs(a - quiet).max() > 1e-4  # another seed, or none, does not
+
+
+def test_a_streams_state_holds_only_its_own_memory(codec):
+    streams = [codec.new_stream(StreamSettings(max_chunk_frames=8)) for _ in range(4)]
+    for stream in streams:
+        stream.push(random_frames(8, seed=6))
+    jobs = [stream.plan(8) for stream in streams]
+    for job, result in zip(jobs, codec.decode(jobs), strict=True):
+        job.stream.complete(job, result)
+    for stream in streams:  # not views of the batch's working buffers
+        assert sum(t.untyped_storage().nbytes() for t in stream.state) == codec.model.state_bytes
+        stream.close()

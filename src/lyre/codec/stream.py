@@ -20,6 +20,7 @@ finished with padding frames and every frame is emitted: total audio = frames x 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,8 @@ import torch
 from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings
 from lyre.codec.streaming import OfflineSnac, StreamingSnac
+
+log = logging.getLogger("lyre.codec")
 
 State = list[torch.Tensor]  # one (1, C, K) tensor per decoder layer with context
 # stream: (c0, c1, c2, fed, end, noise, states) -> (audio (B, c * 2048), states);
@@ -101,9 +104,10 @@ class ExactStream:
             self._head.clear()
             self.codec.live.discard(self)
 
-    def frames_to_exact(self) -> int:
-        """Frames still to come before exact audio can extend what was emitted."""
-        takeover = (self.emitted + self.codec.lag) // F + 1  # the first m with m * 2048 - lag > emitted
+    def frames_to_exact(self, emitted: int | None = None) -> int:
+        """Frames still to come before exact audio can extend what was emitted (or ``emitted`` samples)."""
+        emitted = self.emitted if emitted is None else emitted
+        takeover = (emitted + self.codec.lag) // F + 1  # the first m with m * 2048 - lag > emitted
         return max(0, takeover - self.frames_received)
 
     def plan(self, chunk_frames: int, need_audio: bool = False) -> StreamJob | None:
@@ -124,8 +128,8 @@ class ExactStream:
         if c == 0 or (self.emitted == 0 and n < s.first_flush_frames):
             return None
         exact = (self.fed + c) * F - lag > self.emitted
-        if need_audio and not exact and not self.finished and n <= s.warmup_frames and n * F - s.holdback > self.emitted:
-            return StreamJob(self, _frames(self._head[:n]), 0, self.fed, prefix=True)
+        if need_audio and not self.finished and n <= s.warmup_frames and n * F - s.holdback > self.emitted:
+            return StreamJob(self, _frames(self._head[:n]), 0, self.fed, prefix=True)  # emits more than exact could
         if (need_audio and exact) or pending >= chunk_frames or self.finished:
             return StreamJob(self, _frames(self._pending[:c]), c, self.fed)
         return None
@@ -141,6 +145,8 @@ class ExactStream:
             start = job.fed * F - self.codec.lag  # absolute position of result.audio[0]
             limit = self.fed * F if job.finishing else self.fed * F - self.codec.lag
         if limit <= self.emitted:
+            if job.finishing:
+                self.close()
             return np.zeros(0, dtype=np.float32)
         out = self._fade.apply(result.audio[self.emitted - start : limit - start].copy())
         if job.prefix:
@@ -192,24 +198,32 @@ class StreamCodec:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live),
                                       state_bytes_per_stream=self.model.state_bytes, lag_samples=self.lag)
 
-    def decode(self, jobs: list[StreamJob]) -> list[StreamResult]:
-        """Each job's audio and new state, in order."""
-        out: list[StreamResult | None] = [None] * len(jobs)
+    def decode(self, jobs: list[StreamJob]) -> list[StreamResult | Exception]:
+        """Each job's audio and new state, in order; a call that fails gives its jobs the exception
+        (the jobs of the round's other calls are unaffected)."""
+        out: list[StreamResult | Exception | None] = [None] * len(jobs)
         groups: dict[tuple[bool, int], list[int]] = {}
         for i, job in enumerate(jobs):
             groups.setdefault((job.prefix, len(job.frames)), []).append(i)
         for (prefix, _), idx in groups.items():
-            frames = np.stack([jobs[i].frames for i in idx])  # (B, c, 7)
-            if prefix:
-                for row, audio in zip(idx, self._prefix(frames), strict=True):
-                    out[row] = StreamResult(audio, None)
-                continue
-            group = [jobs[i] for i in idx]
-            ends = [j.fed + j.real if j.finishing else StreamingSnac.OPEN for j in group]
-            audio, states = self._run(frames, [j.fed for j in group], ends, [j.stream.state for j in group])
-            for row, i in enumerate(idx):
-                out[i] = StreamResult(audio[row], None if jobs[i].finishing else [s[row : row + 1] for s in states])
+            try:
+                results = self._decode_group([jobs[i] for i in idx], prefix)
+            except Exception as e:  # noqa: BLE001 - a failed call fails its own jobs, not the loop
+                log.exception("audio decode failed (%d streams)", len(idx))
+                results = [e] * len(idx)
+            for i, result in zip(idx, results, strict=True):
+                out[i] = result
         return out  # type: ignore[return-value]
+
+    def _decode_group(self, group: list[StreamJob], prefix: bool) -> list[StreamResult]:
+        frames = np.stack([j.frames for j in group])  # (B, c, 7)
+        if prefix:
+            return [StreamResult(audio, None) for audio in self._prefix(frames)]
+        ends = [j.fed + j.real if j.finishing else StreamingSnac.OPEN for j in group]
+        audio, states = self._run(frames, [j.fed for j in group], ends, [j.stream.state for j in group])
+        # (copies of the state rows: a view would keep the whole batch's buffers alive)
+        return [StreamResult(audio[row], None if j.finishing else [s[row : row + 1].clone() for s in states])
+                for row, j in enumerate(group)]
 
     def _codes(self, frames: np.ndarray) -> list[torch.Tensor]:
         b = frames.shape[0]

@@ -25,6 +25,7 @@ frame is emitted: total audio = frames x 2048 samples exactly.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,8 @@ from torch import nn
 
 from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings
+
+log = logging.getLogger("lyre.codec")
 
 
 @dataclass
@@ -97,7 +100,7 @@ class WindowStream:
         exact_backlog = max(0, self._n - self.settings.context_frames) * F - self.emitted  # left by max_chunk_frames
         return self._n - self._flushed_at >= chunk_frames or exact_backlog >= chunk_frames * F
 
-    def frames_to_exact(self) -> int:
+    def frames_to_exact(self, emitted: int | None = None) -> int:
         return 0  # window mode plans its warm-up by frame count alone
 
     def plan(self, chunk_frames: int, need_audio: bool = False) -> DecodeJob | None:
@@ -166,23 +169,28 @@ class WindowCodec:
     def stats(self) -> dict[str, object]:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live))
 
-    @torch.inference_mode()
-    def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray]:
-        """Float32 audio of each job's window, in order."""
-        out: list[np.ndarray | None] = [None] * len(jobs)
+    def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray | Exception]:
+        """Float32 audio of each job's window, in order; a call that fails gives its jobs the exception."""
+        out: list[np.ndarray | Exception | None] = [None] * len(jobs)
         by_len: dict[int, list[int]] = {}
         for i, job in enumerate(jobs):
             by_len.setdefault(len(job.frames), []).append(i)
         for idx in by_len.values():
-            frames = np.stack([jobs[i].frames for i in idx])  # (B, T, 7)
-            b, t = frames.shape[:2]
-            c0, c1, c2 = orpheus.frames_to_codes(frames.reshape(-1, 7))  # (B*T,), (B*2T,), (B*4T,)
-            codes = [torch.from_numpy(c).view(b, -1).to(self.device) for c in (c0, c1, c2)]
-            audio = self.snac.decode(codes)  # (B, 1, T * 2048)
-            self.counters.calls += 1
-            self.counters.frames_decoded += b * t
-            audio = audio[:, 0].float().cpu().numpy()
+            try:
+                audio = self._decode(np.stack([jobs[i].frames for i in idx]))  # (B, T, 7) -> (B, T * 2048)
+            except Exception as e:  # noqa: BLE001 - a failed call fails its own jobs, not the loop
+                log.exception("audio decode failed (%d streams)", len(idx))
+                audio = [e] * len(idx)
             for row, i in enumerate(idx):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]
 
+    @torch.inference_mode()
+    def _decode(self, frames: np.ndarray) -> np.ndarray:
+        b, t = frames.shape[:2]
+        c0, c1, c2 = orpheus.frames_to_codes(frames.reshape(-1, 7))  # (B*T,), (B*2T,), (B*4T,)
+        codes = [torch.from_numpy(c).view(b, -1).to(self.device) for c in (c0, c1, c2)]
+        audio = self.snac.decode(codes)  # (B, 1, T * 2048)
+        self.counters.calls += 1
+        self.counters.frames_decoded += b * t
+        return audio[:, 0].float().cpu().numpy()

@@ -408,14 +408,14 @@ class TrtllmEngine:
         self._iter = _IterationView(int(s.iter), values)
 
     def stats(self) -> EngineStats:
-        in_flight = len(self._live)
-        active = min(in_flight, self.capacity)
         v = self._iter.values
+        queued = min(int(v.get("queued_requests", 0)), len(self._live))  # inside the executor (KV memory short)
+        active = len(self._live) - queued
         kv_bytes = int(v.get("kv_blocks_max", 0) * v.get("kv_tokens_per_block", 0) * self.cfg.kv_bytes_per_token)
         return EngineStats(
             capacity=self.capacity,
             active=active,
-            waiting=in_flight - active,
+            waiting=queued,
             prefilling=min(int(v.get("context_requests", 0)), active),
             total_requests=self.total_requests,
             total_tokens=self.total_tokens,
