@@ -105,10 +105,9 @@ class SilentSnac:
         return torch.zeros(b, 1, t * orpheus.SAMPLES_PER_FRAME)
 
 
-def silent_pipeline(settings=None, max_frames_per_round: int = 4096, overlap: bool = False):
+def silent_pipeline(settings=None, overlap: bool = False):
     """An :class:`AudioPipeline` over the window codec with a silent SNAC."""
     from lyre.codec import StreamSettings, WindowCodec
     from lyre.pipeline import AudioPipeline
 
-    return AudioPipeline(WindowCodec(SilentSnac()), settings or StreamSettings(warmup_frames=1), max_frames_per_round,
-                         overlap=overlap)
+    return AudioPipeline(WindowCodec(SilentSnac()), settings or StreamSettings(warmup_frames=1), overlap=overlap)

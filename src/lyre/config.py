@@ -71,8 +71,8 @@ class CodecConfig:
     cpu_threads: int = _f(0, ge=0, le=1024)  # threads of the onnxruntime / openvino codec; 0 = every core
     context_frames: int = _f(3, ge=0, le=9)
     warmup_frames: int = _f(4, ge=1, le=64)
-    max_chunk_frames: int = _f(8, ge=1, le=64)
-    max_frames_per_round: int = _f(16, ge=1, le=4096)
+    max_chunk_frames: int = _f(4, ge=1, le=64)
+    max_round_ms: float = _f(50.0, gt=0.0, le=10000.0)
     noise: bool = True
     noise_seed: int | None = None
     fp16: bool = False
@@ -387,11 +387,6 @@ def _check_relations(cfg: LyreConfig) -> None:
             f"config key 'codec.warmup_frames' = {c.warmup_frames} is out of range: must be >= "
             f"scheduler.flush_first_n_tokens / 7 ({s.flush_first_n_tokens // 7}), or the first chunk could not be "
             f"provisional and would wait for exact audio"
-        )
-    if c.max_frames_per_round < c.max_chunk_frames:
-        raise ConfigError(
-            f"config key 'codec.max_frames_per_round' = {c.max_frames_per_round} is out of range: must be >= "
-            f"codec.max_chunk_frames ({c.max_chunk_frames}), or the largest chunk could never be decoded"
         )
     b = cfg.build
     if b.max_input_len >= b.max_seq_len:

@@ -2,14 +2,18 @@
 
 :class:`AudioPipeline` owns the codec and every segment's codec stream. Each round it plans the
 chunks that are due, most urgent first (least playback slack; sessions still waiting for their
-first audio before all), and decodes as many as ``codec.max_frames_per_round`` allows — the rest
-stay due for the next round, so a burst of flushes never stalls the token engine for long. The
+first audio before all), and decodes as many as fit in ``codec.max_round_ms`` at the recent cost
+per frame (at least one) — the rest stay due for the next round, so a burst of flushes never
+stalls the token engine, or a new session's first chunk, for long. With
+``overlap`` the codec decodes on its own thread while the engine keeps stepping: the engine thread
+hands it one round of jobs, steps on, and delivers that round's audio at the first step after it is
+done (on CPU the engine and the codec then each have their own cores). The
 listener's clock drives the chunks: a session's chunks grow with its slack (``every_flush_frames``,
 doubling up to ``max_chunk_frames`` while the chunk is at most half the audio its listener holds),
 so a session far ahead of its listener costs fewer, larger, cheaper calls; and a session whose
 listener would run dry before its exact audio can follow gets what can be emitted at once —
-provisional audio during a stream's warm-up only then, not on every frame. With ``overlap`` the codec decodes on a second thread
-while the next engine step runs. Segments of one session are joined with 10 ms fades.
+provisional audio during a stream's warm-up only then, not on every frame. Segments of one session
+are joined with 10 ms fades.
 
 The pipeline tells the scheduler which sessions have all their audio out or failed to decode; the
 scheduler ends them.
@@ -46,17 +50,18 @@ Job = tuple[Session, Segment, Any]
 
 
 class AudioPipeline:
-    def __init__(self, codec: Any, settings: StreamSettings, max_frames_per_round: int, metrics: Any = None,
-                 overlap: bool = False, first_chunk: str = "bridge"):
+    def __init__(self, codec: Any, settings: StreamSettings, max_round_s: float = 0.05, metrics: Any = None,
+                 overlap: bool = False, first_chunk: str = "bridge", max_round_frames: int | None = None):
         self.codec = codec
         self.first_chunk = first_chunk
         self.settings = settings
-        self.max_frames_per_round = max_frames_per_round
+        self.max_round_s = max_round_s
+        self.max_round_frames = max_round_frames  # a fixed cap instead (deterministic: tests)
         self.metrics = metrics
         self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lyre-codec") if overlap else None
-        self._planned: list[Job] = []
         self._inflight: tuple[list[Job], Future] | None = None
         self.round_s = 0.0  # recent decode time of a round (exponential mean)
+        self.frame_cost_s = 0.0  # recent decode time per frame (exponential mean)
 
     # --- segments -------------------------------------------------------------------------------
 
@@ -87,18 +92,21 @@ class AudioPipeline:
         waiting = stream.frames_received - stream.emitted / orpheus.SAMPLES_PER_FRAME
         return waiting > 2 * self.settings.max_chunk_frames + 3
 
-    def needs_audio(self, s: Session, stream: Any, now: float) -> bool:
+    def needs_audio(self, s: Session, stream: Any, now: float, sharing: int = 1) -> bool:
         """Must ``s``'s listener get audio now?
 
         - Its first audio: at once (``first_chunk: eager``), or (``bridge``) once a first chunk of
           the frames so far would last until the stream's exact audio can follow it at the session's
-          pace — a first chunk that runs dry is a stutter, worse than a later start — and at the
-          latest after ``warmup_frames`` frames.
+          pace (a frame comes no faster than it is generated, nor than the codec decodes it for the
+          ``sharing`` sessions it serves) — a first chunk that runs dry is a stutter, worse than a
+          later start — and at the latest after ``warmup_frames`` frames.
         - Later: when it would run dry before the next round could help (its slack is under one frame
           of generation plus a round of decoding), and — the last warm-up frame being the last chance
           for provisional audio — when its slack would not last until the exact audio passes what was
           emitted."""
         frame_s = self._frame_s(s)
+        if frame_s is not None:  # a frame comes no faster than it is generated, nor than the codec (shared) decodes it
+            frame_s = max(frame_s, self.frame_cost_s * sharing)
         slack = s.slack(now)
         if slack == float("-inf"):
             if self.first_chunk == "eager" or frame_s is None or stream.frames_received >= self.settings.warmup_frames:
@@ -120,43 +128,45 @@ class AudioPipeline:
 
     # --- the round ------------------------------------------------------------------------------
 
-    def begin(self) -> None:
-        """With overlap: start decoding what the last round planned (the engine steps meanwhile)."""
-        self._planned = [j for j in self._planned if j[0].status == ACTIVE]  # not for sessions ended since
-        if self._overlap is not None and self._planned:
-            jobs, self._planned = self._planned, []
-            self._inflight = (jobs, self._overlap.submit(self._decode, jobs))
-
     def finish(self, sessions: list[Session], now: float) -> AudioOutcome:
-        """Deliver this round's audio and plan the next: with overlap, what ``begin`` started; else
-        plan, decode and deliver now."""
+        """The audio half of a round. Without overlap: plan, decode and deliver now. With overlap: if
+        the codec thread is still decoding, return at once (the engine keeps stepping); else deliver
+        what it decoded, then plan the next jobs and hand them to it."""
         out = AudioOutcome()
-        if self._overlap is not None:
-            if self._inflight is not None:
-                jobs, future = self._inflight
-                self._inflight = None
-                self._deliver(jobs, future.result(), now, out)
-                out.busy = True
-            self._planned = self._plan(sessions, now, out)
-            out.busy |= bool(self._planned)
-        else:
+        if self._overlap is None:
             jobs = self._plan(sessions, now, out)
             if jobs:
                 self._deliver(jobs, self._decode(jobs), now, out)
                 out.busy = True
+            return out
+        if self._inflight is not None:
+            jobs, future = self._inflight
+            if not future.done():
+                return out
+            self._inflight = None
+            self._deliver(jobs, future.result(), now, out)
+            out.busy = True
+        jobs = self._plan(sessions, now, out)
+        if jobs:
+            self._inflight = (jobs, self._overlap.submit(self._decode, jobs))
         return out
+
+    def wait(self) -> None:
+        """With overlap: block until the codec thread's current decode is done."""
+        if self._inflight is not None:
+            self._inflight[1].result()
 
     def shutdown(self) -> None:
         if self._overlap is not None:
             self._overlap.shutdown()
 
     def _plan(self, sessions: list[Session], now: float, out: AudioOutcome) -> list[Job]:
-        """Due jobs (at most one per session), least slack first, within the round's frame budget."""
+        """Due jobs (at most one per session), least slack first, within the round's budget."""
         due: list[Job] = []
         for s in sessions:
             while s.current < len(s.segments):  # skip past segments whose audio is all out
                 seg = s.segments[s.current]
-                job = (seg.decoder.plan(self.chunk_frames(s, now), self.needs_audio(s, seg.decoder, now))
+                job = (seg.decoder.plan(self.chunk_frames(s, now), self.needs_audio(s, seg.decoder, now, len(sessions)))
                        if seg.decoder is not None else None)
                 if job is not None:
                     due.append((s, seg, job))
@@ -168,10 +178,11 @@ class AudioPipeline:
             if s.current >= len(s.segments):
                 out.finished.append(s)
         due.sort(key=lambda j: (j[0].slack(now), j[0].order))
+        budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
         jobs, used = [], 0
         for job in due:
             cost = job[2].cost
-            if jobs and used + cost > self.max_frames_per_round:
+            if jobs and used + cost > budget:
                 continue  # stays due: planned again next round
             jobs.append(job)
             used += cost
@@ -188,6 +199,8 @@ class AudioPipeline:
             spent = time.perf_counter() - t0
             self.codec.counters.decode_s += spent
             self.round_s = 0.7 * self.round_s + 0.3 * spent
+            frames = sum(job.cost for _, _, job in jobs)
+            self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * spent / max(1, frames)
 
     def _deliver(self, jobs: list[Job], results: list[Any] | Exception, now: float, out: AudioOutcome) -> None:
         if isinstance(results, Exception):

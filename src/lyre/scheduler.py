@@ -90,7 +90,6 @@ class Scheduler:
         generating = {s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)}
         order = [generating[s] for s in self.policy.decode_order(list(generating), self.step_count, now)]
         t0 = time.perf_counter()
-        self.audio.begin()  # with overlap: last round's chunks decode while the engine steps
         deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
         self._route(deltas, now)
         now = self.clock()

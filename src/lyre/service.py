@@ -30,7 +30,7 @@ import torch
 
 from lyre import checkpoint, orpheus
 from lyre.admission import AdmissionGate, Overloaded
-from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise
+from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime
 from lyre.config import LyreConfig, apply_overrides, load_config
 from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
@@ -188,6 +188,15 @@ class EngineLoop:
         return items
 
 
+def _cpu_runtime(runtime: str, device: str) -> bool:
+    """Does a CPU runtime of its own (onnxruntime, openvino) run the streaming codec? Then the codec
+    and the engine can decode and step on separate cores at once (``codec.overlap: auto``)."""
+    try:
+        return resolve_runtime(runtime, device) != "torch"
+    except CodecError:
+        return False  # build_codec says why
+
+
 # --------------------------------------------------------------------------------------------
 # the service
 
@@ -281,12 +290,14 @@ class TTSService:
             raise LyreError(str(e)) from None
         self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
         self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
+        cores = os.cpu_count() or 2
+        engine_threads = cfg.model.cpu_threads or max(1, cores // 2)
         if choice.name == "trtllm":
             engine, device, description = self._trtllm_engine(env)
         else:
             engine_cfg = TorchEngineConfig.from_config(cfg)
             if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
-                torch.set_num_threads(cfg.model.cpu_threads or max(1, (os.cpu_count() or 2) // 2))
+                torch.set_num_threads(engine_threads)
             engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
             device, description = engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
         codec_device = cfg.codec.device if cfg.codec.device != "auto" else device
@@ -294,8 +305,12 @@ class TTSService:
         codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
         snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
         configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
+        overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and (on_gpu or (
+            cfg.codec.mode == "stream" and cores >= 2 and _cpu_runtime(cfg.codec.runtime, codec_device))))
+        # the CPU codec runtime's threads: every core between engine steps, the engine's spare cores beside them
+        codec_threads = cfg.codec.cpu_threads or (max(1, cores - engine_threads) if overlap else cores)
         try:
-            codec = build_codec(cfg.codec, snac, codec_device, codec_dtype)
+            codec = build_codec(cfg.codec, snac, codec_device, codec_dtype, codec_threads)
         except CodecError as e:
             raise LyreError(str(e)) from None
         settings = StreamSettings(
@@ -305,8 +320,7 @@ class TTSService:
             max_chunk_frames=cfg.codec.max_chunk_frames,
             warmup_frames=cfg.codec.warmup_frames,
         )
-        overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and on_gpu)
-        audio = AudioPipeline(codec, settings, cfg.codec.max_frames_per_round, self.metrics, overlap,
+        audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, self.metrics, overlap,
                               cfg.scheduler.first_chunk)
         self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)
         self._loop = EngineLoop(self.scheduler)

@@ -63,7 +63,7 @@ def test_each_frame_is_decoded_once_in_the_steady_state(codec):
         stream.push([frame])
         if i == 12:  # well past the warm-up
             before = (codec.counters.frames_decoded, codec.counters.samples_emitted)
-        while (job := stream.plan(2)) is not None:
+        while (job := stream.plan(2, need_audio=stream.emitted == 0)) is not None:  # (the first chunk at once)
             stream.complete(job, codec.decode([job])[0])
     decoded = codec.counters.frames_decoded - before[0]
     emitted = (codec.counters.samples_emitted - before[1]) / F
@@ -73,7 +73,10 @@ def test_each_frame_is_decoded_once_in_the_steady_state(codec):
 
 def test_a_backlog_is_decoded_in_chunks_of_at_most_max_chunk_frames(codec):
     stream = codec.new_stream(StreamSettings(max_chunk_frames=4))
-    stream.push(random_frames(11, seed=5))
+    stream.push(random_frames(1, seed=5))
+    first = stream.plan(1, need_audio=True)  # the first chunk: a warm-up decode; the state has taken nothing yet
+    stream.complete(first, codec.decode([first])[0])
+    stream.push(random_frames(10, seed=6))
     sizes = []
     while (job := stream.plan(1)) is not None:
         sizes.append(job.real)
@@ -109,12 +112,13 @@ def test_sessions_flushing_together_share_one_call_per_chunk_length(quiet_snac, 
 
 def test_many_cancelled_streams_free_every_state(codec):
     streams = [codec.new_stream(StreamSettings()) for _ in range(40)]
-    jobs = []
-    for i, stream in enumerate(streams):
-        stream.push(random_frames(2 + i % 3, seed=i))
-        jobs.append(stream.plan(2))  # the listener holds enough: no warm-up decode, the state takes the frames
-    for job, result in zip(jobs, codec.decode(jobs), strict=True):
-        job.stream.complete(job, result)
+    for need_audio in (True, False):  # the first chunks (warm-up decodes), then the states take the frames
+        jobs = []
+        for i, stream in enumerate(streams):
+            stream.push(random_frames(2 + i % 3, seed=i))
+            jobs.append(stream.plan(2, need_audio))
+        for job, result in zip(jobs, codec.decode(jobs), strict=True):
+            job.stream.complete(job, result)
     assert len(codec.live) == 40 and all(s.state is not None for s in streams)
     for stream in streams:
         stream.close()  # cancelled
@@ -137,11 +141,12 @@ def test_decoder_noise_is_seedable(demo_dir):
 
 def test_a_streams_state_holds_only_its_own_memory(codec):
     streams = [codec.new_stream(StreamSettings(max_chunk_frames=8)) for _ in range(4)]
-    for stream in streams:
-        stream.push(random_frames(8, seed=6))
-    jobs = [stream.plan(8) for stream in streams]
-    for job, result in zip(jobs, codec.decode(jobs), strict=True):
-        job.stream.complete(job, result)
+    for need_audio in (True, False):  # a first chunk each, then 8 frames each into the states, in one call
+        for stream in streams:
+            stream.push(random_frames(4, seed=6))
+        jobs = [stream.plan(8, need_audio) for stream in streams]
+        for job, result in zip(jobs, codec.decode(jobs), strict=True):
+            job.stream.complete(job, result)
     for stream in streams:  # not views of the batch's working buffers
         assert sum(t.untyped_storage().nbytes() for t in stream.state) == codec.model.state_bytes
         stream.close()

@@ -36,7 +36,7 @@ def _rounds(codec: Any, batch: int, chunk: int, settings: StreamSettings) -> tup
         jobs = []
         for s in streams:
             s.push([tuple(int(x) for x in f) for f in rng.integers(0, 4096, (chunk, 7))])
-            if (job := s.plan(chunk)) is not None:
+            if (job := s.plan(chunk, need_audio=s.emitted == 0)) is not None:  # the first chunk at once
                 jobs.append(job)
         t0 = time.perf_counter()
         results = codec.decode(jobs)
@@ -61,7 +61,7 @@ def run(cfg: LyreConfig, batches: list[int], chunk: int, runtimes: list[str], pr
     snac_dir = checkpoint.resolve_model(cfg.model, cfg.codec).snac_dir
     snac = fold_weight_norm(configure_noise(checkpoint.load_snac(snac_dir), enabled=False))
     model = StreamingSnac(snac).eval()
-    settings = StreamSettings(context_frames=cfg.codec.context_frames, every_flush_frames=chunk, max_chunk_frames=chunk,
+    settings = StreamSettings(context_frames=cfg.codec.context_frames, every_flush_frames=chunk, max_chunk_frames=2 * chunk,
                               warmup_frames=1)
     rows: list[dict[str, Any]] = []
     reference: dict[int, np.ndarray] = {}

@@ -56,9 +56,11 @@ def resolve_runtime(requested: str, device: str) -> str:
     return "torch"
 
 
-def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: torch.dtype) -> StreamCodec | WindowCodec:
-    """The codec ``cfg`` asks for over ``snac`` (loaded, its noise configured). SNAC's weight norm
-    is folded once (the same weights, no longer recomputed on every call)."""
+def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: torch.dtype,
+                threads: int = 0) -> StreamCodec | WindowCodec:
+    """The codec ``cfg`` asks for over ``snac`` (loaded, its noise configured); ``threads`` for a CPU
+    runtime (0: every core). SNAC's weight norm is folded once (the same weights, no longer
+    recomputed on every call)."""
     if cfg.mode == "window":
         return WindowCodec(fold_weight_norm(snac), device, dtype)
     try:
@@ -71,10 +73,11 @@ def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: tor
         from lyre.codec.onnx import RUNNERS, OnnxUnavailable
 
         try:
-            runner, offline = (RUNNERS[runtime](model, cfg.onnx_dir, kind, cfg.cpu_threads) for kind in ("stream", "offline"))
+            runner, offline = (RUNNERS[runtime](model, cfg.onnx_dir, kind, threads) for kind in ("stream", "offline"))
         except OnnxUnavailable as e:
             raise CodecError(f"codec.runtime {runtime}: {e}") from None
     codec = StreamCodec(model, runner, runtime, device, dtype, noise_seed=cfg.noise_seed, offline=offline)
-    log.info("codec: stream mode on %s (%s); exact audio trails the newest frame by %d samples; "
-             "decoder state %.2f MB per stream", device, runtime, model.lag, model.state_bytes / 1e6)
+    log.info("codec: stream mode on %s (%s%s); exact audio trails the newest frame by %d samples; "
+             "decoder state %.2f MB per stream", device, runtime, f", {threads} threads" if runner else "", model.lag,
+             model.state_bytes / 1e6)
     return codec

@@ -10,7 +10,8 @@ chunk is due after ``first_flush_frames``, long before any sample is exact. Whil
 follow (the caller says so: ``need_audio``), the stream emits *provisional* audio: one offline
 decode of all its frames so far (a *prefix decode* through :class:`OfflineSnac`: n frames cost n,
 where finishing the streaming decoder early would cost n + 3), up to the newest frame minus a
-short holdback, the
+short holdback (the first chunk always so, from however many frames the caller waited for, up to
+``warmup_frames + max_chunk_frames``), the
 held-back tail crossfaded into the next chunk. Its exact state is fed meanwhile as chunks become
 due, and once its exact audio passes what was emitted it takes over with that crossfade, so only
 the warm-up region differs from an offline decode. A listener that holds enough audio (a later
@@ -125,9 +126,11 @@ class ExactStream:
             pad = np.zeros((self.codec.pad_frames, orpheus.FRAME_TOKENS), dtype=np.int64)
             frames = np.concatenate([_frames(self._pending[:c]), pad]) if c else pad
             return StreamJob(self, frames, c, self.fed, finishing=True)
-        if c == 0 or (self.emitted == 0 and n < s.first_flush_frames):
-            return None
+        if c == 0 or (self.emitted == 0 and (n < s.first_flush_frames or not need_audio)):
+            return None  # (the first chunk is the caller's call: its exact audio would come in a small piece)
         exact = (self.fed + c) * F - lag > self.emitted
+        if need_audio and not self.finished and self.emitted == 0:  # the first chunk: all the frames so far
+            return StreamJob(self, _frames(self._pending[: s.warmup_frames + s.max_chunk_frames]), 0, 0, prefix=True)
         if need_audio and not self.finished and n <= s.warmup_frames and n * F - s.holdback > self.emitted:
             return StreamJob(self, _frames(self._head[:n]), 0, self.fed, prefix=True)  # emits more than exact could
         if (need_audio and exact) or pending >= chunk_frames or self.finished:
