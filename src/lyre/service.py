@@ -30,7 +30,7 @@ import torch
 
 from lyre import checkpoint, orpheus
 from lyre.admission import AdmissionGate, Overloaded
-from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime
+from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
 from lyre.config import LyreConfig, apply_overrides, load_config
 from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
@@ -320,6 +320,7 @@ class TTSService:
             max_chunk_frames=cfg.codec.max_chunk_frames,
             warmup_frames=cfg.codec.warmup_frames,
         )
+        warm_up(codec, settings)  # the first caller does not pay the codec's first runs
         audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, self.metrics, overlap,
                               cfg.scheduler.first_chunk)
         self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)

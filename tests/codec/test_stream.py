@@ -150,3 +150,22 @@ def test_a_streams_state_holds_only_its_own_memory(codec):
     for stream in streams:  # not views of the batch's working buffers
         assert sum(t.untyped_storage().nbytes() for t in stream.state) == codec.model.state_bytes
         stream.close()
+
+
+def test_warm_up_runs_every_chunk_shape_once_and_leaves_nothing_behind(quiet_snac):
+    from lyre.codec import CodecError, warm_up
+
+    codec = StreamCodec(StreamingSnac(quiet_snac).eval())
+    calls = []
+    runner = codec.runner
+    codec.runner = lambda *args: calls.append(args[0].shape[1]) or runner(*args)
+    warm_up(codec, StreamSettings(warmup_frames=2, max_chunk_frames=4))
+    assert set(calls) >= {1, 2, 3, 4}  # every chunk size the first callers will use (and the closing one)
+    assert codec.counters.frames_decoded == 0 and codec.counters.samples_emitted == 0 and not codec.live
+
+    def broken(*args):
+        raise RuntimeError("no such kernel")
+
+    codec.runner = broken
+    with pytest.raises(CodecError, match="warm-up.*no such kernel"):
+        warm_up(codec, StreamSettings())

@@ -15,11 +15,14 @@ counts frames decoded and emitted, ``codec.stats()`` is the ``/v1/stats`` ``code
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
-from lyre.codec.base import StreamSettings
+from lyre import orpheus
+from lyre.codec.base import CodecCounters, StreamSettings
 from lyre.codec.noise import configure_noise
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac, StreamingUnsupported, fold_weight_norm
@@ -28,7 +31,8 @@ from lyre.codec.window import WindowCodec
 if TYPE_CHECKING:
     from lyre.config import CodecConfig
 
-__all__ = ["CodecError", "StreamCodec", "StreamSettings", "WindowCodec", "build_codec", "configure_noise", "resolve_runtime"]
+__all__ = ["CodecError", "StreamCodec", "StreamSettings", "WindowCodec", "build_codec", "configure_noise", "resolve_runtime",
+           "warm_up"]
 
 log = logging.getLogger("lyre.codec")
 
@@ -81,3 +85,26 @@ def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: tor
              "decoder state %.2f MB per stream", device, runtime, f", {threads} threads" if runner else "", model.lag,
              model.state_bytes / 1e6)
     return codec
+
+
+def warm_up(codec: StreamCodec | WindowCodec, settings: StreamSettings) -> None:
+    """Decode one stream of random frames the way a first request would (a first chunk, warm-up
+    chunks, chunks of every size up to ``max_chunk_frames``, the closing one), so that a runtime's
+    first-run costs (graph optimisation, memory pools, kernels for each shape) are paid before any
+    listener waits; then zero the counters."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    stream = codec.new_stream(settings)
+    sizes = [1] * settings.warmup_frames + list(range(1, settings.max_chunk_frames + 1)) + [1]
+    for i, size in enumerate(sizes):
+        stream.push([tuple(int(x) for x in f) for f in rng.integers(0, orpheus.CODEBOOK_SIZE, (size, orpheus.FRAME_TOKENS))])
+        if i == len(sizes) - 1:
+            stream.finish()
+        while (job := stream.plan(size, need_audio=True)) is not None:
+            result = codec.decode([job])[0]
+            if isinstance(result, Exception):
+                raise CodecError(f"the codec fails on its warm-up: {type(result).__name__}: {result}") from result
+            stream.complete(job, result)
+    stream.close()
+    codec.counters = CodecCounters()
+    log.info("codec warmed up in %.2f s", time.perf_counter() - t0)
