@@ -97,4 +97,6 @@ fi
 
 say "preparing the default model"
 .venv/bin/python -m lyre.checkpoint resolve || fail "could not prepare the default model"
+say "preparing the codec (the first time: exports the streaming decoder for its runtime, ~30 s)"
+.venv/bin/python -m lyre.codec prepare 2>&1 | tail -n 1 || fail "could not prepare the codec"
 say "done"

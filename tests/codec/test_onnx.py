@@ -66,3 +66,19 @@ def test_runtime_choice_and_clear_refusals(demo_dir):
     assert codec.stats()["runtime"] == "onnxruntime" and codec.stats()["mode"] == "stream"
     window = build_codec(load_config(None, {"codec.mode": "window"}).codec, snac, "cpu", codec.dtype)
     assert window.stats()["mode"] == "window"
+
+
+def test_prepare_exports_what_the_configured_runtime_needs():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "lyre.codec", "prepare", "--set", "codec.noise=false"],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "codec ready: stream mode, onnxruntime" in run.stdout
+    window = subprocess.run([sys.executable, "-m", "lyre.codec", "prepare", "--set", "codec.mode=window"],
+                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert window.returncode == 0 and "nothing to prepare" in window.stdout
+    bad = subprocess.run([sys.executable, "-m", "lyre.codec", "prepare", "--set", "codec.runtime=tensorrt"],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert bad.returncode == 1 and "codec.runtime" in bad.stderr

@@ -82,7 +82,7 @@ def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: tor
             raise CodecError(f"codec.runtime {runtime}: {e}") from None
     codec = StreamCodec(model, runner, runtime, device, dtype, noise_seed=cfg.noise_seed, offline=offline)
     log.info("codec: stream mode on %s (%s%s); exact audio trails the newest frame by %d samples; "
-             "decoder state %.2f MB per stream", device, runtime, f", {threads} threads" if runner else "", model.lag,
+             "decoder state %.2f MB per stream", device, runtime, f", {threads or 'all'} threads" if runner else "", model.lag,
              model.state_bytes / 1e6)
     return codec
 
