@@ -102,3 +102,20 @@ def test_find_max_bisects_to_the_boundary():
     assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
     with pytest.raises(ValueError):
         parse_slo("ttfb_p95_ms=abc")
+
+
+def test_scaling_measures_one_server_per_codec_mode_with_the_codec_cost_and_an_underrun_slo(tmp_path):
+    out = tmp_path / "modes.json"
+    run = bench("--mode", "scaling", "--levels", "1", "--requests", "2", "--codec-modes", "stream,window",
+                "--find-max", "--slo", "success=1.0,underruns=1000", "--output", str(out), *QUICK,
+                "--set", "sampling.max_tokens=84", "--set", "sampling.min_tokens=84")  # 12 frames: past the fixed costs
+    assert run.returncode == 0, run.stderr[-3000:]
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"lyre-stream", "lyre-window"}
+    stream, window = engines["lyre-stream"]["levels"][0], engines["lyre-window"]["levels"][0]
+    assert stream["codec_ms_per_frame"] > 0 and window["codec_ms_per_frame"] > 0
+    assert window["decoded_per_emitted"] > stream["decoded_per_emitted"]  # windows of context cost more
+    assert all(e["find_max"]["max_concurrency"] == 1 for e in engines.values())
+    assert "lyre-window" in run.stdout and "codec ms/frame" in run.stdout
+    refused = bench("--mode", "scaling", "--url", "http://127.0.0.1:1", "--codec-modes", "stream")
+    assert refused.returncode == 2 and "--codec-modes starts one server per mode" in refused.stderr
