@@ -118,19 +118,39 @@ def _numpy(values: list[Any]) -> list[Any]:
     return [v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else v for v in values]
 
 
-class OnnxRunner:
-    """Runs graph ``kind`` with ONNX Runtime; called like the torch module (tensors in, numpy out)."""
+class _Runner:
+    """Runs graph ``kind`` of ``model`` (exported first if need be); called like the torch module
+    (tensors in, numpy out). Subclasses open the graph (``_open``) and run it (``_run``)."""
 
-    runtime = "onnxruntime"
+    runtime = ""
 
     def __init__(self, model: StreamingSnac, cache_dir: str | Path, kind: str = "stream", threads: int = 0):
         if (reason := available(self.runtime)) is not None:
             raise OnnxUnavailable(reason)
+        self.path = exported(model, kind, cache_dir)
+        self._open(threads or os.cpu_count() or 1)
+
+    def _open(self, threads: int) -> None:
+        raise NotImplementedError
+
+    def _run(self, values: list[Any]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def __call__(self, *args) -> Any:
+        audio, *states = self._run(_numpy(_flat(args)))
+        return (audio, states) if states else audio
+
+
+class OnnxRunner(_Runner):
+    """ONNX Runtime, without spin-waiting between calls."""
+
+    runtime = "onnxruntime"
+
+    def _open(self, threads: int) -> None:
         import onnxruntime as ort
 
-        self.path = exported(model, kind, cache_dir)
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or os.cpu_count() or 1
+        options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -138,36 +158,29 @@ class OnnxRunner:
         self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
         self.inputs = [i.name for i in self.session.get_inputs()]
 
-    def __call__(self, *args) -> Any:
-        values = _numpy(_flat(args))
-        audio, *states = self.session.run(None, dict(zip(self.inputs, values, strict=True)))
-        return (audio, states) if states else audio
+    def _run(self, values: list[Any]) -> list[np.ndarray]:
+        return self.session.run(None, dict(zip(self.inputs, values, strict=True)))
 
 
-class OpenVinoRunner:
-    """Runs graph ``kind`` with OpenVINO's CPU plugin in float32 (the plugin computes integers in 32
-    bits: stream positions stay far below that). It compiles kernels for each new input shape on first
-    use, which stalls that call (README)."""
+class OpenVinoRunner(_Runner):
+    """OpenVINO's CPU plugin in float32 (the plugin computes integers in 32 bits: stream positions
+    stay far below that). It compiles kernels for each new input shape on first use, which stalls
+    that call (README)."""
 
     runtime = "openvino"
 
-    def __init__(self, model: StreamingSnac, cache_dir: str | Path, kind: str = "stream", threads: int = 0):
-        if (reason := available(self.runtime)) is not None:
-            raise OnnxUnavailable(reason)
+    def _open(self, threads: int) -> None:
         import openvino as ov
 
-        self.path = exported(model, kind, cache_dir)
         core = ov.Core()
-        settings = {"INFERENCE_NUM_THREADS": threads or os.cpu_count() or 1, "INFERENCE_PRECISION_HINT": "f32",
-                    "PERFORMANCE_HINT": "LATENCY"}
+        settings = {"INFERENCE_NUM_THREADS": threads, "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY"}
         self.compiled = core.compile_model(core.read_model(str(self.path)), "CPU", settings)
         self.request = self.compiled.create_infer_request()
 
-    def __call__(self, *args) -> Any:
-        results = self.request.infer(_numpy(_flat(args)))
+    def _run(self, values: list[Any]) -> list[np.ndarray]:
+        results = self.request.infer(values)
         # copies: the request reuses its output buffers on the next call
-        audio, *states = (np.array(results[out], copy=True) for out in self.compiled.outputs)
-        return (audio, states) if states else audio
+        return [np.array(results[out], copy=True) for out in self.compiled.outputs]
 
 
 def _flat(args: tuple) -> list[Any]:
