@@ -119,7 +119,8 @@ def test_streaming_call_must_start_with_a_config(server):
 
 
 def test_client_cancel_and_deadline_free_the_slot(server):
-    long = tts_pb2.SynthesizeRequest(text="A long one.", sampling=tts_pb2.SamplingOptions(max_tokens=800))
+    # seeded: this seed runs to all 800 tokens (an unseeded one may stop early and beat the deadline)
+    long = tts_pb2.SynthesizeRequest(text="A long one.", sampling=tts_pb2.SamplingOptions(max_tokens=800, seed=1))
 
     async def go(stub, _):
         call_ = stub.SynthesizeStream(long)
