@@ -4,8 +4,10 @@
   python production_server.py --config config/model_config.yaml --port 8000 [--grpc-port 50051]
                               [--host 0.0.0.0] [--set section.key=value ...]
 
-On SIGINT/SIGTERM it stops accepting requests (health turns 503), lets in-flight streams finish
-within server.drain_timeout_s, cancels the rest and exits 0.
+On SIGINT/SIGTERM it stops accepting requests (health turns 503; idle WebSockets close with 1001),
+lets in-flight streams finish within server.drain_timeout_s, cancels the rest on every protocol
+(each told why: an SSE/WebSocket error message, gRPC UNAVAILABLE/CANCELLED, a cut REST body) and
+exits 0.
 """
 
 from __future__ import annotations
@@ -26,12 +28,14 @@ from lyre.service import LyreError, TTSService
 
 log = logging.getLogger("lyre.server")
 
+UNWIND_S = 2.0  # after the drain: for cancelled handlers to send their last message, idle connections to close
+
 
 async def serve(service: TTSService) -> int:
     cfg = service.config.server
-    inflight = InFlight()
+    inflight = InFlight(cfg.max_connections_per_client)
     async with service:
-        runner = web.AppRunner(create_app(service, inflight), access_log=None)
+        runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
         await runner.setup()
         site = web.TCPSite(runner, cfg.host, cfg.port)
         await site.start()
@@ -55,12 +59,13 @@ async def serve(service: TTSService) -> int:
         await stop.wait()
 
         log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
-        inflight.draining = True
+        inflight.start_draining()  # new requests get 503 / UNAVAILABLE; idle WebSockets close now
         if health is not None:
             await health.enter_graceful_shutdown()
         drained = await inflight.wait_idle(cfg.drain_timeout_s)
         if not drained:
-            log.warning("drain timeout: cancelling %d stream(s)", inflight.count)
+            log.warning("drain timeout: cancelling %d stream(s)", inflight.cancel_all())
+            await inflight.wait_idle(UNWIND_S)  # each tells its client why as it unwinds
         if grpc_server is not None:
             await grpc_server.stop(grace=0 if not drained else 1)
         await site.stop()

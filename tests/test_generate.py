@@ -53,7 +53,7 @@ def test_human_output_and_errors(demo_dir):
     bad = generate("--checkpoint", str(demo_dir / "llama"), "--prompt-ids", "1,999999")
     assert bad.returncode == 1 and "outside the model's vocabulary" in bad.stderr
     bad = generate("--checkpoint", str(demo_dir / "llama"), "--temperature", "-1")
-    assert bad.returncode == 1 and "temperature must be >= 0" in bad.stderr
+    assert bad.returncode == 1 and "'temperature' = -1.0 is out of range: must be >= 0.0" in bad.stderr
 
 
 def test_requests_beyond_the_slots_join_as_slots_come_free(demo_dir):

@@ -17,6 +17,7 @@ from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
 from lyre.service import (
     InvalidRequest,
     LyreError,
+    OutOfRange,
     OverloadedError,
     ServiceUnavailable,
     SynthesisCancelled,
@@ -42,6 +43,9 @@ def service(**overrides) -> TTSService:
 
 
 async def engine_state(tts: TTSService) -> dict:
+    """The engine thread's state after one more step (so messages posted before, e.g. cancels, are in)."""
+    await tts.on_engine_thread(lambda: None)  # the engine steps between this message and the probe
+
     def probe():
         sch = tts.scheduler
         return {"active": len(sch.active), "pending": len(sch.pending), "requests": len(sch._by_request),
@@ -113,12 +117,27 @@ def test_bad_requests_raise_typed_errors_at_once():
                 tts.stream("  ")
             with pytest.raises(TextTooLong, match="300 characters; the 'conversational' profile accepts at most 250"):
                 tts.stream("x" * 300)
-            with pytest.raises(InvalidRequest, match="unknown sampling option.*warmth"):
+            with pytest.raises(InvalidRequest, match="unknown option 'warmth'; allowed: temperature"):
                 tts.stream("hi", warmth=3)
             with pytest.raises(InvalidRequest, match=r"control token '<\|eot_id\|>'"):
                 tts.stream("hello <|eot_id|> world")
-            with pytest.raises(InvalidRequest, match="temperature must be >= 0"):
+            with pytest.raises(OutOfRange, match="'temperature' = -1 is out of range: must be >= 0.0 and <= 5.0"):
                 tts.stream("hi", temperature=-1)
+            # wrongly typed values never reach the engine thread (seed=1.5 used to kill it)
+            for bad, message in [({"seed": 1.5}, "'seed' must be an integer, got 1.5"),
+                                 ({"top_k": 1.5}, "'top_k' must be an integer"),
+                                 ({"seed": 10**400}, "'seed' = 1000.* is out of range"),
+                                 ({"temperature": float("nan")}, "'temperature' must be a finite number"),
+                                 ({"top_p": float("inf")}, "'top_p' must be a finite number"),
+                                 ({"max_tokens": True}, "'max_tokens' must be an integer, got True"),
+                                 ({"voice": ["tara"]}, "'voice' must be a string")]:
+                with pytest.raises(InvalidRequest, match=message):
+                    tts.stream("hi", **bad)
+            with pytest.raises(InvalidRequest, match="'text' is not valid Unicode"):
+                tts.stream("hi \ud800")
+            with pytest.raises(InvalidRequest, match="'text' must be a string"):
+                tts.stream(b"hi")
+            assert tts.gate.inside == 0
             first = tts.stream("hi", seed=1)
             with pytest.raises(OverloadedError) as info:
                 tts.stream("hi again")

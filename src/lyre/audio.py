@@ -116,6 +116,21 @@ class AudioEncoder:
             self._container = av.open(self._sink, mode="w", format=container_fmt)
             self._stream = self._container.add_stream(codec, rate=self.sample_rate, layout="mono")
 
+    @property
+    def cheap(self) -> bool:
+        """Raw PCM or WAV at the source rate: a copy, cheap enough for the event loop."""
+        return self._resampler is None and self._codec is None and self._container is None
+
+    def close(self) -> None:
+        """Release the encoder without finishing (the stream was abandoned). Safe to call twice."""
+        if self._container is not None:
+            try:
+                self._container.close()
+            except Exception:  # noqa: BLE001 - an abandoned container may refuse its trailer
+                pass
+            self._container = self._stream = None
+        self._codec = self._resampler = None
+
     def encode(self, pcm: np.ndarray, last: bool = False) -> bytes:
         """Bytes for the int16 24 kHz ``pcm`` (possibly empty while an encoder fills a frame)."""
         pcm = np.ascontiguousarray(pcm, dtype=np.int16)

@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 import yaml
 
+from lyre.options import SamplingOptions, describe_range, limits_of
 from lyre.orpheus import VOICES
 
 DEFAULT_CONFIG_PATH = Path("config/model_config.yaml")
-
 
 
 class ConfigError(ValueError):
@@ -90,15 +90,17 @@ class KVCacheConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    temperature: float = _f(0.6, ge=0.0, le=5.0)
-    top_p: float = _f(0.8, gt=0.0, le=1.0)
-    top_k: int = _f(0, ge=0)
-    repetition_penalty: float = _f(1.1, ge=1.0, le=3.0)
+    """Defaults of every request's sampling; their limits are the request options' (lyre.options)."""
+
+    temperature: float = _f(0.6, **limits_of(SamplingOptions, "temperature"))
+    top_p: float = _f(0.8, **limits_of(SamplingOptions, "top_p"))
+    top_k: int = _f(0, **limits_of(SamplingOptions, "top_k"))
+    repetition_penalty: float = _f(1.1, **limits_of(SamplingOptions, "repetition_penalty"))
     repetition_window: int = _f(64, ge=0)
-    max_tokens: int = _f(1200, ge=1)
-    min_tokens: int = _f(0, ge=0)
+    max_tokens: int = _f(1200, **limits_of(SamplingOptions, "max_tokens"))
+    min_tokens: int = _f(0, **limits_of(SamplingOptions, "min_tokens"))
     constrain_audio: bool = True
-    seed: int | None = None
+    seed: int | None = _f(None, **limits_of(SamplingOptions, "seed"))
 
 
 @dataclass(frozen=True)
@@ -140,7 +142,13 @@ class ServerConfig:
     grpc_port: int = _f(50051, ge=0, le=65535)
     max_body_bytes: int = _f(262144, ge=1024)
     drain_timeout_s: float = _f(10.0, ge=0.0)
-    api_key: str | None = None
+    api_key: str | None = None  # required as "Authorization: Bearer <key>" on /v1/ and gRPC when set
+    # limits a public server needs (each refused with a clear error)
+    max_pending_text_chars: int = _f(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
+    ws_max_message_bytes: int = _f(65536, ge=1024, le=64 * 2**20)  # one WebSocket message
+    max_contexts_per_socket: int = _f(8, ge=1, le=1024)  # utterances open at once on one WebSocket
+    ws_idle_timeout_s: float = _f(300.0, gt=0.0, le=86400.0)  # a WebSocket with nothing to say is closed
+    max_connections_per_client: int = _f(64, ge=0, le=100_000)  # open requests + sockets per address; 0 = off
 
 
 @dataclass(frozen=True)
@@ -329,20 +337,10 @@ def _check_scalar(tp: type, value: Any, key: str, limits: Mapping[str, Any]) -> 
     tests = {"ge": float.__ge__, "gt": float.__gt__, "le": float.__le__, "lt": float.__lt__}
     for name, test in tests.items():
         if name in limits and not test(float(value), float(limits[name])):
-            raise ConfigError(f"config key '{key}' = {value!r} is out of range: {_describe_range(limits)}")
+            raise ConfigError(f"config key '{key}' = {value!r} is out of range: {describe_range(limits)}")
     if "multiple_of" in limits and value % limits["multiple_of"]:
-        raise ConfigError(f"config key '{key}' = {value!r} is not allowed: {_describe_range(limits)}")
+        raise ConfigError(f"config key '{key}' = {value!r} is not allowed: {describe_range(limits)}")
     return value
-
-
-def _describe_range(limits: Mapping[str, Any]) -> str:
-    parts = []
-    for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-        if name in limits:
-            parts.append(f"{sym} {limits[name]}")
-    if "multiple_of" in limits:
-        parts.append(f"a multiple of {limits['multiple_of']}")
-    return "must be " + " and ".join(parts)
 
 
 def _check_relations(cfg: LyreConfig) -> None:

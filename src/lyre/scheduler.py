@@ -59,14 +59,18 @@ class Scheduler:
         self.total_sessions = 0
         self.total_ended = 0
         self.snapshot: dict[str, Any] = {}
+        self.closed: tuple[str, str] | None = None  # shut down: the outcome and reason of any later session
         self.publish()
 
     # --- messages from the consumer side (delivered on the engine thread) -----------------------
 
     def submit(self, session: Session) -> None:
-        """Queue an admitted session (the gate has already counted it)."""
+        """Queue an admitted session (the gate has already counted it); after shutdown, end it at once."""
         session.order = next(self._order)
         self.total_sessions += 1
+        if self.closed:
+            self._end(session, *self.closed, self.clock())
+            return
         self.pending.append(session)
 
     def cancel(self, session_id: str, reason: str = "cancelled") -> None:
@@ -128,7 +132,9 @@ class Scheduler:
         }
 
     def shutdown(self, outcome: str = CANCELLED, reason: str = "shutdown") -> None:
-        """End every session (the service is closing, or the loop failed) and drain the engine."""
+        """End every session (the service is closing, or the loop failed) and drain the engine. A
+        session submitted later ends at once with the same outcome reason."""
+        self.closed = (outcome, reason)
         now = self.clock()
         for s in list(self.pending) + list(self.active.values()):
             self._end(s, outcome, reason, now)

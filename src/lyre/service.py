@@ -13,7 +13,6 @@ engine thread only by message; audio comes back through ``loop.call_soon_threads
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import logging
 import os
@@ -35,11 +34,26 @@ from lyre.config import LyreConfig, apply_overrides, load_config
 from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
+from lyre.errors import (
+    InvalidRequest,
+    LyreError,
+    OutOfRange,
+    OverloadedError,
+    ServiceUnavailable,
+    SynthesisCancelled,
+    SynthesisFailed,
+    SynthesisTimeout,
+    TextTooLong,
+    UnknownVoice,
+    shorten,
+)
 from lyre.metrics import Metrics
+from lyre.options import SynthesisRequest, parse
 from lyre.pipeline import AudioPipeline
 from lyre.scheduler import Scheduler
 from lyre.session import CANCELLED, FAILED, FINISHED, ChunkEvent, Segment, Session
 from lyre.text import MAX_SEGMENT_CHARS, split_text
+from lyre.utterance import Utterance
 
 log = logging.getLogger("lyre.service")
 
@@ -48,44 +62,10 @@ log = logging.getLogger("lyre.service")
 # errors the front ends map to status codes
 
 
-class LyreError(Exception):
-    code = "internal_error"
-
-
-class InvalidRequest(LyreError):
-    code = "invalid_request"
-
-
-class UnknownVoice(InvalidRequest):
-    code = "unknown_voice"
-
-
-class TextTooLong(InvalidRequest):
-    code = "text_too_long"
-
-
-class OverloadedError(LyreError):
-    code = "overloaded"
-
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"the server is at capacity; retry after {retry_after_s:.1f} s")
-        self.retry_after_s = retry_after_s
-
-
-class ServiceUnavailable(LyreError):
-    code = "unavailable"
-
-
-class SynthesisCancelled(LyreError):
-    code = "cancelled"
-
-
-class SynthesisTimeout(LyreError):
-    code = "timeout"
-
-
-class SynthesisFailed(LyreError):
-    code = "synthesis_failed"
+# (defined in lyre.errors; importable from here too)
+__all__ = ["InvalidRequest", "LyreError", "OutOfRange", "OverloadedError", "ServiceUnavailable", "SynthesisCancelled",
+           "SynthesisFailed", "SynthesisTimeout", "TextTooLong", "UnknownVoice", "TTSService", "SpeechStream",
+           "Audio", "AudioChunk"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -121,9 +101,6 @@ def to_int16(pcm: np.ndarray) -> np.ndarray:
     return (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype(np.int16)
 
 
-SAMPLING_KEYS = {f.name for f in dataclasses.fields(SamplingParams)} - {"stop_ids"}
-
-
 # --------------------------------------------------------------------------------------------
 # the engine thread
 
@@ -136,17 +113,32 @@ class EngineLoop:
         self.inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="lyre-engine", daemon=True)
         self.alive = False
+        self.closing = False
+        self._lock = threading.Lock()
         self.error: BaseException | None = None
 
     def start(self) -> None:
         self.alive = True
         self.thread.start()
 
-    def post(self, fn: Callable[[], None]) -> None:
-        self.inbox.put(fn)
+    def post(self, fn: Callable[[], None]) -> bool:
+        """Queue ``fn`` for the engine thread; False (nothing queued) once the loop is closing or has
+        stopped. Nothing is ever queued behind the stop message, so every queued ``fn`` runs."""
+        with self._lock:
+            if self.closing or not self.alive:
+                return False
+            self.inbox.put(fn)
+            return True
+
+    def request_stop(self) -> None:
+        """Refuse new messages from now on; the loop runs what is queued, then shuts the scheduler down."""
+        with self._lock:
+            if not self.closing:
+                self.closing = True
+                self.inbox.put(None)
 
     def stop(self) -> None:
-        self.inbox.put(None)
+        self.request_stop()
         self.thread.join()
 
     def _run(self) -> None:
@@ -172,7 +164,20 @@ class EngineLoop:
             except Exception:
                 log.exception("could not fail the open sessions")
         finally:
-            self.alive = False
+            with self._lock:
+                self.alive = False
+                self.closing = True
+            self._run_leftovers()
+
+    def _run_leftovers(self) -> None:
+        """Messages queued before the loop died: run against the shut-down scheduler (which ends a
+        submitted session at once), so nobody waits for an answer that never comes."""
+        for fn in self._take(block=False, timeout=None):
+            if fn is not None:
+                try:
+                    fn()
+                except Exception:
+                    log.exception("a message to the stopped engine loop failed")
 
     def _take(self, block: bool, timeout: float | None) -> list[Callable[[], None] | None]:
         items = []
@@ -236,6 +241,8 @@ class SpeechStream:
         self.metrics = ev.metrics
         if ev.outcome == FINISHED:
             raise StopAsyncIteration
+        if ev.outcome == CANCELLED and ev.reason == "shutdown":
+            raise ServiceUnavailable("the service shut down before this synthesis finished")
         if ev.outcome == CANCELLED and ev.reason == "timeout":
             raise SynthesisTimeout("synthesis made no progress (no audio generated or read) for scheduler.session_timeout_s")
         if ev.outcome == CANCELLED:
@@ -349,12 +356,13 @@ class TTSService:
                                 f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")
 
     async def aclose(self) -> None:
-        if self._loop is not None and self._loop.alive:
+        """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
+        if self._loop is not None and self._loop.thread.is_alive():
             await asyncio.to_thread(self._loop.stop)
 
     @property
     def ready(self) -> bool:
-        return self._loop is not None and self._loop.alive
+        return self._loop is not None and self._loop.alive and not self._loop.closing
 
     @property
     def voices(self) -> tuple[str, ...]:
@@ -382,7 +390,9 @@ class TTSService:
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=time.monotonic(),
         )
-        self._loop.post(lambda: self.scheduler.submit(session))
+        if not self._loop.post(lambda: self.scheduler.submit(session)):
+            self.gate.leave()
+            raise ServiceUnavailable("the service is shutting down")
         return SpeechStream(self, session, events)
 
     async def synthesize(self, text: str, voice: str | None = None, **sampling: Any) -> Audio:
@@ -396,29 +406,35 @@ class TTSService:
         if self._loop is not None and self._loop.alive:
             self._loop.post(lambda: self.scheduler.cancel(session_id, "cancelled"))
 
+    def utterance(self, voice: str | None = None, **sampling: Any) -> Utterance:
+        """An utterance whose text arrives in pieces (``append`` / ``flush`` / ``end``), spoken as one
+        ordered stream of chunks (iterate it). Raises InvalidRequest / UnknownVoice at once."""
+        if not self.ready:
+            raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
+        self._options(parse(SynthesisRequest, {"text": "", "voice": voice, **sampling}))
+        return Utterance(self, voice, sampling, self.config.active_profile.max_text_chars,
+                         self.config.server.max_pending_text_chars)
+
+    def _options(self, request: SynthesisRequest) -> tuple[str, SamplingParams]:
+        """The voice and sampling parameters of a parsed request (the voice must exist)."""
+        cfg = self.config
+        voice = request.voice or cfg.model.default_voice
+        if voice not in cfg.model.voices:
+            raise UnknownVoice(f"unknown voice {shorten(voice)}; available voices: {', '.join(cfg.model.voices)}")
+        return voice, SamplingParams.from_config(cfg.sampling, **request.sampling())
+
     def _prepare(self, text: str, voice: str | None, sampling: dict[str, Any]) -> tuple[list[list[int]], SamplingParams]:
         cfg = self.config
-        if not isinstance(text, str) or not text.strip():
+        request = parse(SynthesisRequest, {"text": text, "voice": voice, **sampling})
+        voice, params = self._options(request)
+        if not request.text.strip():
             raise InvalidRequest("text is empty: there is nothing to speak")
         limit = cfg.active_profile.max_text_chars
-        if len(text) > limit:
+        if len(request.text) > limit:
             raise TextTooLong(
-                f"text has {len(text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
+                f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
             )
-        voice = voice or cfg.model.default_voice
-        if voice not in cfg.model.voices:
-            raise UnknownVoice(f"unknown voice {voice!r}; available voices: {', '.join(cfg.model.voices)}")
-        unknown = set(sampling) - SAMPLING_KEYS
-        if unknown:
-            raise InvalidRequest(
-                f"unknown sampling option(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(SAMPLING_KEYS))}"
-            )
-        try:
-            params = SamplingParams.from_config(cfg.sampling, **sampling)
-            params.validate()
-        except (TypeError, ValueError) as e:
-            raise InvalidRequest(str(e)) from None
-        segments = split_text(text, MAX_SEGMENT_CHARS)
+        segments = split_text(request.text, MAX_SEGMENT_CHARS)
         try:
             prompts = [orpheus.build_prompt_ids(self.tokenizer, seg, voice) for seg in segments]
         except ValueError as e:

@@ -63,6 +63,11 @@ def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
             async with aiohttp.ClientSession() as s:
                 r = await s.post(srv.http + "/v1/audio/speech", json={"input": "hi"})
                 denied = (r.status, (await r.json())["error"]["code"])
+                r = await s.post(srv.http + "/v1/audio/speech?api_key=s3cret", json={"input": "hi"})
+                assert r.status == 401  # only the Authorization header carries the key (URLs end up in logs)
+                r = await s.post(srv.http + "/v1/audio/speech", json={"input": "hi"},
+                                 headers={"Authorization": "Bearer s3cre"})
+                assert r.status == 401
                 ok = await s.post(srv.http + "/v1/audio/speech", json={"input": "hi", "response_format": "pcm"},
                                   headers={"Authorization": "Bearer s3cret"})
                 allowed = (ok.status, len(await ok.read()))

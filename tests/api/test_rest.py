@@ -115,6 +115,18 @@ BAD_REQUESTS = [
     ({"input": "hi", "stream_format": "chunks"}, 422, "out_of_range"),
     ({"input": "hi <|eot_id|> there"}, 400, "invalid_request"),
     ({"input": "x" * 300_000}, 413, "request_too_large"),
+    # hostile values: none may reach the engine (a 500 before)
+    (b'{"input": "hi", "max_tokens": 1' + b"0" * 400 + b"}", 422, "out_of_range"),
+    (b'{"input": "hi", "seed": 1' + b"0" * 400 + b"}", 422, "out_of_range"),
+    (b'{"input": "hi", "top_k": 1' + b"0" * 400 + b"}", 422, "out_of_range"),
+    (b'{"input": "hi", "temperature": NaN}', 400, "invalid_request"),
+    (b'{"input": "hi", "top_p": Infinity}', 400, "invalid_request"),
+    ({"input": "hi", "top_k": 1.5}, 400, "invalid_request"),
+    ({"input": "hi", "seed": True}, 400, "invalid_request"),
+    ({"input": "hi", "temprature": 0.5}, 400, "invalid_request"),
+    (b'{"input": "hi \\ud800"}', 400, "invalid_request"),
+    (b"[" * 60_000 + b"]" * 60_000, 400, "invalid_request"),
+    ({"input": "hi", "voice": "v" * 100_000}, 400, "invalid_request"),
 ]
 
 
@@ -129,6 +141,7 @@ def test_bad_input_gets_a_clear_json_error(server, body, status, code):
     got_status, payload = asyncio.run(go())
     assert got_status == status, payload
     assert payload["error"]["code"] == code and payload["error"]["message"] and payload["error"]["type"]
+    assert len(payload["error"]["message"]) < 400  # client input is never echoed at length
 
 
 def test_unknown_route_and_method_are_json_errors(server):

@@ -170,7 +170,9 @@ def test_cancel_frees_the_slot_at_the_next_step(engine):
         ([1, 2, 156940], SamplingParams(), "outside the model's vocabulary"),
         ([-1], SamplingParams(), "outside the model's vocabulary"),
         (list(range(200)), SamplingParams(), "200 tokens; a slot holds 128"),
-        ([1, 2], SamplingParams(temperature=-1), "temperature must be >= 0"),
+        ([1, 2], SamplingParams(temperature=-1), "'temperature' = -1 is out of range: must be >= 0.0"),
+        ([1, 2], SamplingParams(seed=1.5), "'seed' must be an integer"),  # killed the engine thread once
+        ([1, 2], SamplingParams(top_k=1.5), "'top_k' must be an integer"),
         ([1, 2], SamplingParams(top_p=0), "top_p"),
         ([1, 2], SamplingParams(max_tokens=0), "max_tokens"),
     ],

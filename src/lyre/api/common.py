@@ -1,16 +1,22 @@
-"""Pieces both front ends share: incremental text, request options, error mapping, draining."""
+"""Pieces the front ends share: error mapping, API keys, per-client limits, draining, encoding off
+the event loop, and how requests appear in logs."""
 
 from __future__ import annotations
 
 import asyncio
-import re
+import hashlib
+import hmac
+import json
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lyre.audio import AudioFormatError
-from lyre.service import (
+from lyre.audio import AudioEncoder, AudioFormatError
+from lyre.errors import (
     InvalidRequest,
     LyreError,
+    OutOfRange,
     OverloadedError,
     ServiceUnavailable,
     SynthesisCancelled,
@@ -19,75 +25,6 @@ from lyre.service import (
     TextTooLong,
     UnknownVoice,
 )
-
-# A clause or sentence is complete once its punctuation is followed by whitespace.
-_CLAUSE = re.compile(r"[.!?…,;:—–][\"')\]]*\s+")
-_SENTENCE = re.compile(r"[.!?…][\"')\]]*\s+")
-
-
-class IncrementalText:
-    """Text arriving in pieces (an LLM writing). The first complete clause is handed out at once, so
-    synthesis starts while the rest is still being written; after that whole sentences (or clauses,
-    once ``long_chars`` have piled up), so prosody spans the sentence."""
-
-    def __init__(self, long_chars: int = 200) -> None:
-        self._buffer = ""
-        self._first = True
-        self.long_chars = long_chars
-
-    def append(self, text: str) -> list[str]:
-        self._buffer += text
-        pattern = _CLAUSE if self._first or len(self._buffer) >= self.long_chars else _SENTENCE
-        last = None
-        for m in pattern.finditer(self._buffer):
-            last = m
-        if last is None:
-            return []
-        ready, self._buffer = self._buffer[: last.end()].strip(), self._buffer[last.end() :]
-        if not ready:
-            return []
-        self._first = False
-        return [ready]
-
-    def flush(self) -> list[str]:
-        ready, self._buffer = self._buffer.strip(), ""
-        if ready:
-            self._first = False
-        return [ready] if ready else []
-
-
-SAMPLING_FIELDS = {
-    "temperature": (float, 0.0, 5.0),
-    "top_p": (float, 1e-9, 1.0),
-    "top_k": (int, 0, 1_000_000),
-    "repetition_penalty": (float, 1.0, 3.0),
-    "max_tokens": (int, 1, 100_000),
-    "min_tokens": (int, 0, 100_000),
-    "seed": (int, 0, 2**63 - 1),
-}
-
-
-def sampling_options(body: dict[str, Any]) -> dict[str, Any]:
-    """Sampling overrides present in a request body, type- and range-checked."""
-    out = {}
-    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
-        if body.get(name) is None:
-            continue
-        value = body[name]
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if kind is int:
-            ok = ok and float(value).is_integer()
-        if not ok:
-            raise InvalidRequest(f"'{name}' must be {'an integer' if kind is int else 'a number'}, got {value!r}")
-        value = kind(value)
-        if not lo <= value <= hi:
-            raise OutOfRange(f"'{name}' = {value} is out of range [{lo:g}, {hi:g}]")
-        out[name] = value
-    return out
-
-
-class OutOfRange(InvalidRequest):
-    code = "out_of_range"
 
 
 @dataclass(frozen=True)
@@ -105,7 +42,7 @@ def classify(error: BaseException) -> ErrorInfo:
         return ErrorInfo(422, "INVALID_ARGUMENT", "invalid_request_error")
     if isinstance(error, InvalidRequest):
         return ErrorInfo(400, "INVALID_ARGUMENT", "invalid_request_error")
-    if isinstance(error, OverloadedError):
+    if isinstance(error, (OverloadedError, TooManyConnections)):
         return ErrorInfo(429, "RESOURCE_EXHAUSTED", "overloaded_error")
     if isinstance(error, ServiceUnavailable):
         return ErrorInfo(503, "UNAVAILABLE", "service_unavailable")
@@ -124,24 +61,114 @@ def error_code(error: BaseException) -> str:
     return getattr(error, "code", "internal_error")
 
 
-class InFlight:
-    """Counts requests being served, so a shutdown can wait for them (no polling)."""
+def error_body(error: BaseException) -> dict[str, str]:
+    """``{"message", "type", "code"}``: the error object of REST bodies and WebSocket frames."""
+    return {"message": str(error), "type": classify(error).type, "code": error_code(error)}
 
-    def __init__(self) -> None:
-        self.count = 0
+
+def retry_after(error: BaseException) -> str | None:
+    """The Retry-After value (whole seconds, at least 1) for an overload refusal."""
+    seconds = getattr(error, "retry_after_s", None)
+    return None if seconds is None else str(max(1, round(seconds)))
+
+
+def key_matches(api_key: str | None, authorization: str | None) -> bool:
+    """Whether an ``Authorization`` header value carries the API key (constant-time; always true
+    when no key is configured). The key is accepted only from this header, never from a URL."""
+    if not api_key:
+        return True
+    return hmac.compare_digest((authorization or "").encode(), f"Bearer {api_key}".encode())
+
+
+def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
+    """``raw`` parsed as a JSON object; InvalidRequest naming ``what`` ("the request body",
+    "message") for anything else, including nesting too deep to parse."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidRequest(f"{what} is not acceptable JSON: it is nested too deeply") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest(f"{what} must be a JSON object")
+    return data
+
+
+def describe_text(text: str) -> str:
+    """How request text appears in logs: its length and a hash, never the words."""
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{len(text)} chars sha256:{digest}"
+
+
+# --------------------------------------------------------------------------------------------
+# per-client limits and draining
+
+
+class TooManyConnections(LyreError):
+    code = "too_many_connections"
+    retry_after_s = 1.0
+
+
+class Clients:
+    """Open requests, sockets and calls per client address (``server.max_connections_per_client``)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open: Counter[str] = Counter()
+
+    def enter(self, address: str | None) -> str:
+        address = address or "unknown"
+        if self.limit and self.open[address] >= self.limit:
+            raise TooManyConnections(
+                f"this client already has {self.open[address]} open requests/sockets; "
+                f"server.max_connections_per_client is {self.limit}")
+        self.open[address] += 1
+        return address
+
+    def leave(self, address: str) -> None:
+        self.open[address] -= 1
+        if self.open[address] <= 0:
+            del self.open[address]
+
+
+class InFlight:
+    """The requests being served (every front end's), so a shutdown can wait for them (no polling)
+    and then cancel the rest; ``on_drain`` callbacks run when draining starts (idle WebSockets close
+    then). ``clients`` counts them per client address."""
+
+    def __init__(self, max_per_client: int = 0) -> None:
+        self.clients = Clients(max_per_client)
         self.draining = False
+        self._tasks: set[asyncio.Task] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._on_drain: set[Callable[[], Any]] = set()
+
+    @property
+    def count(self) -> int:
+        return len(self._tasks)
 
     def __enter__(self) -> InFlight:
-        self.count += 1
+        self._tasks.add(asyncio.current_task())
         self._idle.clear()
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.count -= 1
-        if self.count == 0:
+        self._tasks.discard(asyncio.current_task())
+        if not self._tasks:
             self._idle.set()
+
+    def on_drain(self, callback: Callable[[], Any]) -> Callable[[], None]:
+        """Call ``callback`` when draining starts (at once if it has); returns the unsubscriber."""
+        if self.draining:
+            callback()
+        self._on_drain.add(callback)
+        return lambda: self._on_drain.discard(callback)
+
+    def start_draining(self) -> None:
+        self.draining = True
+        for callback in list(self._on_drain):
+            callback()
 
     async def wait_idle(self, timeout: float) -> bool:
         try:
@@ -149,3 +176,41 @@ class InFlight:
             return True
         except asyncio.TimeoutError:
             return False
+
+    def cancel_all(self) -> int:
+        """Cancel every request still being served (the drain timeout passed); returns how many.
+        Each handler answers its client with a final "shutting down" message as it unwinds."""
+        for task in self._tasks:
+            task.cancel(DRAIN_TIMEOUT)
+        return len(self._tasks)
+
+
+DRAIN_TIMEOUT = "the server is shutting down and server.drain_timeout_s has passed: synthesis cancelled"
+
+
+def cancelled_by_drain(inflight: InFlight) -> ServiceUnavailable | None:
+    """While unwinding a cancelled handler: the error to tell its client, when the drain cancelled it."""
+    return ServiceUnavailable(DRAIN_TIMEOUT) if inflight.draining else None
+
+
+# --------------------------------------------------------------------------------------------
+# encoding off the event loop
+
+
+async def encode(encoder: AudioEncoder, pcm: Any) -> bytes:
+    """``encoder.encode(pcm)``; compressed formats and resampling run in a worker thread, so many
+    mp3 streams do not stall the sockets of others. Calls on one encoder are awaited in order."""
+    if encoder.cheap:
+        return encoder.encode(pcm)
+    return await asyncio.to_thread(encoder.encode, pcm)
+
+
+async def finish(encoder: AudioEncoder) -> bytes:
+    if encoder.cheap:
+        return encoder.finish()
+    return await asyncio.to_thread(encoder.finish)
+
+
+def check_speed(speed: float | None) -> None:
+    if speed is not None and speed != 1.0:
+        raise OutOfRange(f"'speed' = {speed} is not supported: Lyre speaks at speed 1.0 only")

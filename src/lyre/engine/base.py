@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from lyre import orpheus
+from lyre.errors import InvalidRequest
+from lyre.options import SamplingOptions, parse
 
 if TYPE_CHECKING:
     import torch
@@ -54,19 +56,12 @@ class SamplingParams:
         return replace(base, **overrides)
 
     def validate(self) -> None:
-        """Raise ValueError naming the first unacceptable field."""
-        checks = [
-            (self.temperature >= 0, "temperature must be >= 0"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (self.top_k >= 0, "top_k must be >= 0"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-            (self.repetition_window >= 0, "repetition_window must be >= 0"),
-            (self.max_tokens >= 1, "max_tokens must be >= 1"),
-            (self.min_tokens >= 0, "min_tokens must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(f"{message} (got {self})")
+        """Raise ValueError (an InvalidRequest) naming the first unacceptable field: the request
+        options' limits (lyre.options), whoever built these parameters."""
+        parse(SamplingOptions, {name: getattr(self, name) for name in SamplingOptions.model_fields})
+        if isinstance(self.repetition_window, bool) or not isinstance(self.repetition_window, int) \
+                or self.repetition_window < 0:
+            raise InvalidRequest(f"'repetition_window' must be an integer >= 0, got {self.repetition_window!r}")
 
 
 @dataclass

@@ -1,0 +1,237 @@
+"""WebSocket front end: ``GET /v1/audio/stream``. Translates messages into :class:`~lyre.utterance.Utterance`
+calls and their audio into frames; the utterance owns text splitting, ordering and admission.
+
+Each message is one JSON object (:class:`lyre.options.WsMessage`):
+
+- ``{"text": ..., "voice": ...}``: seed 004's exchange: the whole text, binary audio frames, then
+  ``{"done": true, "metrics": {...}}``;
+- with ``"context_id"``: several utterances on one socket, audio as
+  ``{"type": "audio", "context_id", "sequence", "audio": base64}`` frames;
+- ``"append"`` adds text (spoken once a clause or sentence is complete), ``"flush"`` speaks what
+  has arrived, ``"end"`` ends the context after its audio, ``"cancel"`` stops it at once.
+
+Options (voice, format, sample rate, sampling) come with a context's first message. Every bad
+message gets an ``{"error": {...}}`` frame (with its ``context_id``) and changes nothing else:
+other contexts on the socket go on. Limits: ``server.ws_max_message_bytes`` (larger messages close
+the socket with 1009), ``server.max_contexts_per_socket``, ``server.ws_idle_timeout_s`` (a socket
+with no open context and no message for that long is closed with 1000). There is no heartbeat: a
+listener that reads slowly is ended by the slow-consumer rule, not by a missed pong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from lyre.api.common import (
+    InFlight,
+    cancelled_by_drain,
+    describe_text,
+    encode,
+    error_body,
+    finish,
+    json_object,
+)
+from lyre.api.http import INFLIGHT, SERVICE, draining
+from lyre.audio import AudioEncoder, AudioFormatError, check_format
+from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
+from lyre.options import WsMessage, parse
+from lyre.service import TTSService
+from lyre.utterance import Utterance
+
+log = logging.getLogger("lyre.ws")
+
+ACTIONS = ("text", "append", "flush", "end")
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    draining(request)
+    service = request.app[SERVICE]
+    cfg = service.config.server
+    ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False)
+    await ws.prepare(request)
+    socket = Socket(ws, service, request.app[INFLIGHT])
+    with request.app[INFLIGHT]:
+        unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
+        try:
+            await socket.serve(cfg.ws_idle_timeout_s)
+        except asyncio.CancelledError:
+            await socket.close_all(cancelled_by_drain(request.app[INFLIGHT]))
+            raise
+        finally:
+            unsubscribe()
+            await socket.close_all(None)
+    return ws
+
+
+class Socket:
+    """One WebSocket: its contexts and the lock that keeps their frames whole."""
+
+    def __init__(self, ws: web.WebSocketResponse, service: TTSService, inflight: InFlight):
+        self.ws, self.service, self.inflight = ws, service, inflight
+        self.contexts: dict[str | None, Context] = {}
+        self.send_lock = asyncio.Lock()
+        self.stopping = False  # close_all is ending every context (and closes the socket itself)
+
+    async def serve(self, idle_timeout_s: float) -> None:
+        while not self.ws.closed:
+            try:
+                msg = await self.ws.receive(timeout=None if self.contexts else idle_timeout_s)
+            except asyncio.TimeoutError:
+                await self.ws.close(code=WSCloseCode.OK, message=b"idle: no open context and no message")
+                return
+            if msg.type == WSMsgType.TEXT:
+                await self.handle(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await self.send({"error": {"message": "send JSON text messages", "type": "invalid_request_error",
+                                           "code": "invalid_message"}})
+            elif msg.type == WSMsgType.ERROR:
+                log.info("websocket closed: %s", self.ws.exception())
+                return
+            elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                return
+
+    async def handle(self, raw: str) -> None:
+        cid: Any = None
+        try:
+            data = json_object(raw, "the message")
+            cid = data.get("context_id") if isinstance(data.get("context_id"), str) else None
+            message = parse(WsMessage, data)
+            await self.apply(message)
+        except (LyreError, AudioFormatError) as e:
+            await self.send({"error": error_body(e), **({"context_id": cid} if cid is not None else {})})
+        except ConnectionResetError:
+            pass
+        except Exception as e:  # noqa: BLE001 - a bug answers this message; the socket and its other contexts go on
+            log.exception("websocket message failed")
+            await self.send({"error": {"message": f"internal error: {type(e).__name__}", "type": "server_error",
+                                       "code": "internal_error"}})
+
+    async def apply(self, m: WsMessage) -> None:
+        cid = m.context_id
+        ctx = self.contexts.get(cid)
+        if m.cancel:
+            if ctx is not None:
+                await ctx.stop()
+            await self.send({"done": True, "cancelled": True, **({"context_id": cid} if cid is not None else {})})
+            return
+        if not any(getattr(m, a) not in (None, False) for a in ACTIONS):
+            raise InvalidRequest("a message needs one of: text, append, flush, end, cancel")
+        if m.text is not None and not m.text.strip():
+            raise InvalidRequest("text is empty: there is nothing to speak")
+        if ctx is None:
+            if m.text is None and m.append is None:
+                raise InvalidRequest(f"unknown context {cid!r}: start it with 'text' or 'append'" if cid is not None
+                                     else "nothing to flush or end: start with 'text' or 'append'")
+            ctx = self.open(m)
+        elif ctx.utterance.ended:
+            raise InvalidRequest("this context has ended and is still sending its audio: wait for its done "
+                                 "message" + (", or use another context_id" if cid is not None else ""))
+        utterance = ctx.utterance
+        for text in (m.text, m.append):
+            if text is not None:
+                utterance.append(text)
+        if m.flush:
+            utterance.flush()
+        if m.text is not None or m.end:  # seed 004: a whole text is one utterance, then done
+            utterance.end()
+
+    def open(self, m: WsMessage) -> Context:
+        if self.inflight.draining:
+            raise ServiceUnavailable("the server is shutting down: no new contexts")
+        limit = self.service.config.server.max_contexts_per_socket
+        if len(self.contexts) >= limit:
+            raise InvalidRequest(f"this socket has {len(self.contexts)} open contexts; "
+                                 f"server.max_contexts_per_socket is {limit}")
+        fmt = m.response_format or m.format or "pcm"
+        check_format(fmt, m.sample_rate)
+        utterance = self.service.utterance(m.voice, **m.sampling())
+        first = m.text if m.text is not None else m.append
+        log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first or ""), fmt)
+        ctx = self.contexts[m.context_id] = Context(self, m.context_id, utterance, AudioEncoder(fmt, m.sample_rate))
+        return ctx
+
+    def ended(self, ctx: Context) -> None:
+        if self.contexts.get(ctx.cid) is ctx:
+            del self.contexts[ctx.cid]
+        if self.inflight.draining and not self.contexts and not self.stopping:
+            self.on_drain()
+
+    def on_drain(self) -> None:
+        """Draining: an idle socket closes now; a busy one once its contexts have ended."""
+        if not self.contexts and not self.ws.closed:
+            asyncio.get_running_loop().create_task(
+                self.ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down"))
+
+    async def close_all(self, error: LyreError | None) -> None:
+        """Stop every context (the socket closed, or the drain timeout passed: then say why first)."""
+        self.stopping = True
+        for ctx in list(self.contexts.values()):
+            await ctx.stop(error)
+        if error is not None and not self.ws.closed:
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down")
+
+    async def send(self, message: dict | bytes) -> None:
+        async with self.send_lock:  # contexts share the socket: one frame at a time
+            if self.ws.closed:
+                return
+            if isinstance(message, bytes):
+                await self.ws.send_bytes(message)
+            else:
+                await self.ws.send_json(message)
+
+
+class Context:
+    """One utterance on a socket and the task sending its audio, in order."""
+
+    def __init__(self, socket: Socket, cid: str | None, utterance: Utterance, encoder: AudioEncoder):
+        self.socket, self.cid, self.utterance, self.encoder = socket, cid, utterance, encoder
+        self.sequence = 0
+        self.task = asyncio.get_running_loop().create_task(self._pump())
+
+    async def stop(self, error: LyreError | None = None) -> None:
+        """Cancel at once (nothing more is sent but ``error``, when given)."""
+        self.utterance.cancel()
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        if error is not None:
+            with contextlib.suppress(ConnectionResetError):
+                await self._json({"error": error_body(error)})
+
+    async def _pump(self) -> None:
+        try:
+            async for chunk in self.utterance:
+                await self._audio(await encode(self.encoder, chunk.pcm))
+            await self._audio(await finish(self.encoder))
+            await self._json({"done": True, "metrics": self.utterance.metrics})
+        except LyreError as e:
+            await self._json({"error": error_body(e)})
+        except ConnectionResetError:  # the socket went away
+            pass
+        finally:  # whatever ended it, nothing it started keeps a slot
+            self.utterance.cancel()
+            self.encoder.close()
+            self.socket.ended(self)
+
+    async def _audio(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.cid is None:
+            await self.socket.send(data)
+        else:
+            await self.socket.send({"type": "audio", "context_id": self.cid, "sequence": self.sequence,
+                                    "audio": base64.b64encode(data).decode()})
+        self.sequence += 1
+
+    async def _json(self, message: dict) -> None:
+        if self.cid is not None:
+            message["context_id"] = self.cid
+        await self.socket.send(message)
+

@@ -1,0 +1,57 @@
+"""The errors a request can end with. Front ends map them to status codes (``lyre.api.common.classify``).
+
+``InvalidRequest`` is also a ``ValueError``: the engine contract's ``add`` raises ValueError for a
+request that can never run, and the service's own validation raises the same family.
+"""
+
+from __future__ import annotations
+
+
+class LyreError(Exception):
+    code = "internal_error"
+
+
+class InvalidRequest(LyreError, ValueError):
+    code = "invalid_request"
+
+
+class OutOfRange(InvalidRequest):
+    code = "out_of_range"
+
+
+class UnknownVoice(InvalidRequest):
+    code = "unknown_voice"
+
+
+class TextTooLong(InvalidRequest):
+    code = "text_too_long"
+
+
+class OverloadedError(LyreError):
+    code = "overloaded"
+
+    def __init__(self, retry_after_s: float):
+        super().__init__(f"the server is at capacity; retry after {retry_after_s:.1f} s")
+        self.retry_after_s = retry_after_s
+
+
+class ServiceUnavailable(LyreError):
+    code = "unavailable"
+
+
+class SynthesisCancelled(LyreError):
+    code = "cancelled"
+
+
+class SynthesisTimeout(LyreError):
+    code = "timeout"
+
+
+class SynthesisFailed(LyreError):
+    code = "synthesis_failed"
+
+
+def shorten(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for echoing client input in an error message."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 15]}...({len(text)} chars)"

@@ -1,0 +1,154 @@
+"""Every option a request may carry, and its limits: defined once, here.
+
+The library API (``TTSService.stream``), REST, WebSocket and gRPC all validate through these
+pydantic models, and ``config.py`` takes the limits of its ``sampling`` defaults from
+:class:`SamplingOptions`. Wrong types (``1.5`` for an integer, ``true`` for a number, ``"1"`` for a
+number), NaN and Infinity, out-of-range values, lone surrogates in text and unknown options are
+refused with :class:`~lyre.errors.InvalidRequest` (or ``OutOfRange``), whose message is the same
+on every surface, before anything reaches the engine thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar
+
+import annotated_types
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from lyre.errors import InvalidRequest, OutOfRange, shorten
+
+MAX_NAME_CHARS = 128  # voices, formats, context ids, model names
+
+
+def _valid_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode text (it contains a lone surrogate)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)]
+
+
+class _Options(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
+
+
+class SamplingOptions(_Options):
+    """Per-request sampling overrides; None (absent) takes ``sampling`` from the config."""
+
+    temperature: float | None = Field(None, ge=0.0, le=5.0)  # 0 = greedy
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0, le=1_000_000)  # 0 = off
+    repetition_penalty: float | None = Field(None, ge=1.0, le=3.0)  # 1 = off
+    max_tokens: int | None = Field(None, ge=1, le=100_000)
+    min_tokens: int | None = Field(None, ge=0, le=100_000)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+    def sampling(self) -> dict[str, Any]:
+        """The sampling overrides given (for ``TTSService.stream(..., **overrides)``)."""
+        return {name: getattr(self, name) for name in SamplingOptions.model_fields if getattr(self, name) is not None}
+
+
+class SynthesisRequest(SamplingOptions):
+    """``TTSService.stream(text, voice, **sampling)``."""
+
+    text: Text
+    voice: Name | None = None
+
+
+class SpeechBody(SamplingOptions):
+    """The JSON body of ``POST /v1/audio/speech`` (OpenAI's fields, then Lyre's)."""
+
+    model: Name | None = None  # accepted for OpenAI compatibility; one model is served
+    input: Text | None = None
+    text: Text | None = None  # Lyre's name for ``input``
+    voice: Name | None = None
+    response_format: Name | None = None
+    speed: float | None = Field(None, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] | None = None
+    instructions: Text | None = None  # accepted and ignored: Orpheus takes no style prompt
+    sample_rate: int | None = None
+
+
+class WsMessage(SamplingOptions):
+    """One JSON message on the WebSocket (``GET /v1/audio/stream``)."""
+
+    context_id: Name | None = None
+    text: Text | None = None
+    append: str | None = None  # checked by the Utterance, which joins a character split between appends
+    flush: bool | None = None
+    end: bool | None = None
+    cancel: bool | None = None
+    voice: Name | None = None
+    response_format: Name | None = None
+    format: Name | None = None  # seed 004's name for response_format
+    sample_rate: int | None = None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse(model: type[M], data: Mapping[str, Any]) -> M:
+    """``data`` as a ``model``; raises InvalidRequest / OutOfRange naming the first bad option."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise _request_error(model, e) from None
+
+
+_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+_EXPECTED = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "string_type": "a string", "bool_type": "true or false", "bool_parsing": "true or false",
+}
+
+
+def _request_error(model: type[BaseModel], e: ValidationError) -> InvalidRequest:
+    err = e.errors(include_url=False)[0]
+    name = ".".join(str(part) for part in err["loc"]) or "request"
+    kind, got = err["type"], shorten(err.get("input"))
+    if kind == "extra_forbidden":
+        return InvalidRequest(f"unknown option '{name}'; allowed: {', '.join(model.model_fields)}")
+    if kind == "missing":
+        return InvalidRequest(f"'{name}' is required")
+    if kind in _RANGE_ERRORS:
+        return OutOfRange(f"'{name}' = {got} is out of range: {describe_range(limits_of(model, name))}")
+    if kind in _EXPECTED:
+        return InvalidRequest(f"'{name}' must be {_EXPECTED[kind]}, got {got}")
+    if kind == "string_too_long":
+        return InvalidRequest(f"'{name}' is longer than {err['ctx']['max_length']} characters")
+    if kind == "literal_error":
+        return OutOfRange(f"'{name}' must be {err['ctx']['expected']}, got {got}")
+    if kind == "value_error":
+        return InvalidRequest(f"'{name}' {err['ctx']['error']}")
+    return InvalidRequest(f"'{name}': {err['msg']}, got {got}")
+
+
+# --------------------------------------------------------------------------------------------
+# limits, for config.py and error messages
+
+
+_LIMIT_NAMES = {annotated_types.Ge: "ge", annotated_types.Gt: "gt", annotated_types.Le: "le", annotated_types.Lt: "lt"}
+
+
+def limits_of(model: type[BaseModel], name: str) -> dict[str, Any]:
+    """``{"ge": 0.0, "le": 5.0}`` for a field of ``model`` (the form config.py's fields carry)."""
+    out = {}
+    for item in model.model_fields[name].metadata:
+        key = _LIMIT_NAMES.get(type(item))
+        if key is not None:
+            out[key] = getattr(item, key)
+    return out
+
+
+def describe_range(limits: Mapping[str, Any]) -> str:
+    parts = [f"{sym} {limits[name]}" for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+             if name in limits]
+    if "multiple_of" in limits:
+        parts.append(f"a multiple of {limits['multiple_of']}")
+    return "must be " + " and ".join(parts)
