@@ -7,6 +7,7 @@
   python benchmark.py --mode engine  [--concurrency 1,4,16] [--max-tokens 256]
   python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline] [--codec-modes stream,window]
   python benchmark.py --mode codec [--batches 1,4,16] [--chunk 2] [--runtimes torch,onnxruntime,openvino]
+  python benchmark.py --mode soak [--requests 10000] [--concurrent 8] [--disconnect 0.3] [--cancel 0.1]
 
 scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
 runs already, else a server the benchmark starts from --config/--set and stops by its process id.
@@ -17,6 +18,9 @@ same checkpoint served with transformers generate + SNAC, one request at a time)
 engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential.
 service: streams through the library API (no network), per scheduler policy and codec mode.
 codec: SNAC decode time per emitted frame, per codec mode and runtime, at each batch size.
+soak: the reliability suite on a server it starts: a soak with disconnects and cancels over all
+three protocols (then: slots, sessions and codec states left, RSS growth, error lines), an overload
+burst, SIGTERM under load, and hypothesis fuzzing of every surface.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
+from lyre.benchmarks import soak as soak_bench
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 
 
@@ -55,13 +60,13 @@ def _codec_modes(p: argparse.ArgumentParser, text: str | None) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec"], required=True)
+    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak"], required=True)
     add_config_arguments(p)
     load = p.add_argument_group("load (scaling, all, tuning)")
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
     load.add_argument("--url", help="a running server's http://host:port (default: start one)")
     load.add_argument("--grpc-url", help="its gRPC host:port, with --protocol grpc and --url")
-    load.add_argument("--concurrent", type=int, default=16, help="most concurrent users (default 16)")
+    load.add_argument("--concurrent", type=int, help="most concurrent users (default 16; soak: 8)")
     load.add_argument("--levels", type=_int_list, help="concurrency levels to sweep (default 1,2,4,... --concurrent)")
     load.add_argument("--requests", type=int, help="requests per measurement (default 2 x users, at least 4)")
     load.add_argument("--rps", type=float, default=1.0, help="open-loop Poisson arrival rate in --mode all")
@@ -90,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     codec.add_argument("--chunk", type=int, default=2, help="frames per stream per call (default 2)")
     codec.add_argument("--runtimes", default="torch,onnxruntime,openvino",
                        help="stream-mode runtimes to measure, where installed (default torch,onnxruntime,openvino)")
+    soak = p.add_argument_group("soak (--requests default 300, --concurrent default 8)")
+    soak.add_argument("--disconnect", type=float, default=0.3, help="share of clients that go away mid-request")
+    soak.add_argument("--cancel", type=float, default=0.1, help="share of clients that cancel")
+    soak.add_argument("--overload-factor", type=int, default=10, help="overload burst, in multiples of capacity")
+    soak.add_argument("--drain-timeout", type=float, default=2.0, help="server.drain_timeout_s of the drain phase")
+    soak.add_argument("--fuzz-examples", type=int, default=100, help="fuzz examples per surface")
+    soak.add_argument("--seed", type=int, default=0, help="seed of the soak's plan")
+    soak.add_argument("--random", action="store_true", help="fuzz with fresh random examples (default: derandomized)")
     p.add_argument("--output", type=Path, help="write every figure, the settings and the machine as JSON")
     return p
 
@@ -97,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if args.concurrent is None:
+        args.concurrent = 8 if args.mode == "soak" else 16
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -114,6 +129,16 @@ def main(argv=None) -> int:
                 p.error("--chunk must be >= 1")
             result = codec_bench.run(cfg, args.batches, args.chunk, runtimes, progress=say)
             text = codec_bench.table(result)
+        elif args.mode == "soak":
+            settings = soak_bench.SoakSettings(
+                requests=args.requests or 300, concurrency=args.concurrent,
+                disconnect=args.disconnect, cancel=args.cancel, max_tokens=args.max_tokens or 28,
+                overload_factor=args.overload_factor, drain_timeout_s=args.drain_timeout,
+                fuzz_examples=args.fuzz_examples, seed=args.seed, derandomize=not args.random)
+            if not (0 <= settings.disconnect + settings.cancel <= 1) or settings.requests < 1:
+                p.error("--disconnect + --cancel must be within [0, 1] and --requests >= 1")
+            result = soak_bench.run(args.config, cfg, tuple(args.overrides), settings, progress=say)
+            text = soak_bench.table(result)
         elif args.mode == "service":
             policies = [x.strip() for x in (args.policies or "fair,deadline").split(",") if x.strip()]
             if not policies or set(policies) - {"fair", "deadline"}:
