@@ -1,10 +1,11 @@
 """The audio half of a step: least slack first within the round's budget, chunks that grow with
-slack, decode errors contained to their call — over the real streaming codec (demo SNAC, noise off)."""
+slack, decode faults contained to the stream that causes them — over the real streaming codec (demo SNAC, noise off)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from lyre import checkpoint, orpheus
 from lyre.codec import StreamSettings, configure_noise
@@ -70,37 +71,38 @@ def test_chunks_grow_with_the_audio_the_listener_holds(model, slack_s, frames):
     assert pipeline.chunk_frames(s, now=0.0) == frames
 
 
-class FailingOnce:
-    """Fault injection around the real runner: the next call raises."""
+class Poisoned:
+    """Fault injection around the real runner: a call that holds the poisoned frames raises."""
 
-    def __init__(self, model):
-        self.model, self.armed = model, False
+    def __init__(self, model, frames):
+        self.model = model
+        self.poison = torch.from_numpy(orpheus.frames_to_codes(frames)[0])  # its coarse codes (c,)
+        self.armed = False
 
-    def __call__(self, *args):
-        if self.armed:
-            self.armed = False
+    def __call__(self, c0, *rest):
+        if self.armed and any(torch.equal(row, self.poison) for row in c0):
             raise RuntimeError("simulated codec fault")
-        return self.model(*args)
+        return self.model(c0, *rest)
 
 
-def test_a_decode_error_fails_only_the_sessions_in_that_call(model):
-    runner = FailingOnce(model)
+def test_a_decode_fault_fails_only_the_stream_that_causes_it(model):
+    poison = random_frames(4, seed=1)
+    runner = Poisoned(model, poison)
     pipeline = AudioPipeline(StreamCodec(model, runner), StreamSettings(warmup_frames=1), max_round_frames=64)
     a, b, c, d = (session(n, pipeline, []) for n in "abcd")
     for s in (a, b, c):
         past_warmup(pipeline, s)
-    for s in (a, b):
-        s.segments[0].decoder.push(random_frames(4, seed=1))  # exact audio, from the stream runner
+    a.segments[0].decoder.push(poison)  # a and b decode in one batched call: a's frames make it fail
+    b.segments[0].decoder.push(random_frames(4, seed=2))
     d.segments[0].decoder.push(random_frames(1, seed=3))  # its first chunk: a warm-up decode, another call
     runner.armed = True
+    chunks = {s.session_id: s.chunks for s in (b, c, d)}
     out = pipeline.finish([a, b, c, d], now=1.0)
-    assert {s.session_id for s, _ in out.failed} == {"a", "b"}
-    assert all("simulated codec fault" in why for _, why in out.failed)
-    assert d.chunks == 1  # its call in the same round succeeded
-    chunks = c.chunks
-    c.segments[0].decoder.push(random_frames(4, seed=2))  # c was not in that call: it decodes as usual
+    assert [(s.session_id, "simulated codec fault" in why) for s, why in out.failed] == [("a", True)]
+    assert b.chunks == chunks["b"] + 1 and d.chunks == chunks["d"] + 1  # the call was retried without a
+    c.segments[0].decoder.push(random_frames(4, seed=4))  # c was not in that round: it decodes as usual
     out = pipeline.finish([c], now=1.0)
-    assert not out.failed and c.chunks == chunks + 1
+    assert not out.failed and c.chunks == chunks["c"] + 1
 
 
 def test_a_session_whose_frames_wait_for_the_codec_is_backlogged(model):

@@ -274,6 +274,30 @@ def test_an_engine_error_fails_only_its_session():
     assert done(g_ev).outcome == "finished"
 
 
+@pytest.mark.parametrize("fault", [ValueError("bad sampling values"), RuntimeError("the engine broke")])
+def test_a_later_segment_refused_by_the_engine_fails_only_its_session(fault):
+    """Its refusal comes while the scheduler walks its active sessions (continuations, look-ahead)."""
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21)
+    add = engine.add
+    engine.add = lambda r: (_ for _ in ()).throw(fault) if r.request_id == "bad#1" else add(r)
+    bad, b_ev = open_session(sch, gate, clock, "bad", segments=3)
+    others = [open_session(sch, gate, clock, name, segments=2) for name in ("x", "y")]
+    run(sch, clock, 200)
+    assert done(b_ev).outcome == "failed" and str(fault) in done(b_ev).reason
+    assert [done(ev).outcome for _, ev in others] == ["finished", "finished"]
+    assert gate.inside == 0 and not engine.has_work()
+
+
+def test_a_consumer_that_cannot_take_events_is_cancelled_alone():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21)
+    gone, _ = open_session(sch, gate, clock, "gone")
+    gone.sink = lambda ev: (_ for _ in ()).throw(RuntimeError("Event loop is closed"))
+    fine, f_ev = open_session(sch, gate, clock, "fine")
+    run(sch, clock, 100)
+    assert gone.status == "cancelled" and gone.cancel_reason == "delivery_failed"
+    assert done(f_ev).outcome == "finished" and gate.inside == 0 and not engine.has_work()
+
+
 def test_look_ahead_leaves_the_reserved_slots_to_new_sessions():
     sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21, reserved_slots=3)
     open_session(sch, gate, clock, "long", segments=3)

@@ -238,7 +238,7 @@ class AudioPipeline:
             self.metrics.audio_seconds.inc(len(pcm) / orpheus.SAMPLE_RATE)
             if late:
                 self.metrics.late_chunks.inc()
-        s.sink(ev)
+        s.deliver(ev)
 
 
 def _fade_segment_edges(pcm: np.ndarray, fade_in: bool, fade_out: bool, n: int = 240) -> None:

@@ -21,6 +21,7 @@ speed is never cut off, however far ahead the server is, because a session whose
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
 from lyre.pipeline import AudioPipeline
 from lyre.policy import POLICIES, Policy
 from lyre.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
+
+log = logging.getLogger("lyre.scheduler")
 
 
 class Scheduler:
@@ -213,6 +216,10 @@ class Scheduler:
         except ValueError as e:  # the service validates first; this is the last line of defence
             self._end(s, FAILED, f"request refused by the engine: {e}", self.clock())
             return False
+        except Exception as e:  # noqa: BLE001 - the engine failed on this request: it alone fails
+            log.exception("engine.add failed for %s", rid)
+            self._end(s, FAILED, f"the engine could not take the request: {type(e).__name__}: {e}", self.clock())
+            return False
         seg.submitted = True
         self.audio.open(seg)
         self._by_request[rid] = (s, k)
@@ -235,24 +242,33 @@ class Scheduler:
             s, k = self._by_request.get(d.request_id, (None, None))
             if s is None:
                 continue
-            seg = s.segments[k]
-            if d.token_ids:
-                if all(earlier.done_generating for earlier in s.segments[:k]):
-                    s.last_run_step = self.step_count  # it decoded (a look-ahead prefill does not count)
-                s.tokens += len(d.token_ids)
-                s.last_token_at = now
-                if s.first_token_at is None:
-                    s.first_token_at = now
-                if self.metrics is not None:
-                    self.metrics.tokens.inc(len(d.token_ids))
-                seg.decoder.push(seg.parser.feed(d.token_ids))
-            if d.finished:
-                del self._by_request[d.request_id]
-                if d.finish_reason == "error":
-                    self._end(s, FAILED, f"engine error: {d.error}", now)
-                elif d.finish_reason in ("stop", "length"):
-                    seg.done_generating = True
-                    seg.decoder.finish()
+            try:
+                self._route_one(s, k, d, now)
+            except Exception as e:  # noqa: BLE001 - its tokens could not be used: it alone fails
+                log.exception("routing the tokens of %s failed", d.request_id)
+                self._by_request.pop(d.request_id, None)
+                self._end(s, FAILED, f"its tokens could not be decoded: {type(e).__name__}: {e}", now)
+
+    def _route_one(self, s: Session, k: int, d: TokenDelta, now: float) -> None:
+        """One delta into its segment's parser and codec stream."""
+        seg = s.segments[k]
+        if d.token_ids:
+            if all(earlier.done_generating for earlier in s.segments[:k]):
+                s.last_run_step = self.step_count  # it decoded (a look-ahead prefill does not count)
+            s.tokens += len(d.token_ids)
+            s.last_token_at = now
+            if s.first_token_at is None:
+                s.first_token_at = now
+            if self.metrics is not None:
+                self.metrics.tokens.inc(len(d.token_ids))
+            seg.decoder.push(seg.parser.feed(d.token_ids))
+        if d.finished:
+            del self._by_request[d.request_id]
+            if d.finish_reason == "error":
+                self._end(s, FAILED, f"engine error: {d.error}", now)
+            elif d.finish_reason in ("stop", "length"):
+                seg.done_generating = True
+                seg.decoder.finish()
 
     # --- endings --------------------------------------------------------------------------------
 
@@ -283,7 +299,7 @@ class Scheduler:
         }
         if self.metrics is not None:
             self.metrics.sessions.labels(outcome=reason or status).inc()
-        s.sink(DoneEvent(status, reason, metrics))
+        s.deliver(DoneEvent(status, reason, metrics))
 
 
 def _next_unsubmitted(s: Session) -> int | None:

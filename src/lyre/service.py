@@ -149,7 +149,10 @@ class EngineLoop:
                     if fn is None:
                         self.scheduler.shutdown()
                         return
-                    fn()
+                    try:
+                        fn()
+                    except Exception:  # a message about one request must not stop everyone's loop
+                        log.exception("a message to the engine loop failed")
                 progressed = self.scheduler.step() if self.scheduler.has_work() else False
                 self.scheduler.publish()
                 # Sessions are open but nothing moved (e.g. all waiting on their consumers): wait for

@@ -14,6 +14,7 @@ are behind ``played_s`` decides whether it is a slow consumer.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +23,8 @@ import numpy as np
 
 from lyre import orpheus
 from lyre.engine.base import SamplingParams
+
+log = logging.getLogger("lyre.scheduler")
 
 PENDING, ACTIVE, FINISHED, CANCELLED, FAILED = "pending", "active", "finished", "cancelled", "failed"
 ENDED = (FINISHED, CANCELLED, FAILED)
@@ -90,6 +93,20 @@ class Session:
     @property
     def unread_seconds(self) -> float:
         return (self.audio_samples - self.consumed_samples) / orpheus.SAMPLE_RATE
+
+    def deliver(self, ev: ChunkEvent | DoneEvent) -> bool:
+        """Hand ``ev`` to the consumer. A sink that raises (e.g. its event loop has closed) is this
+        session's fault alone: it is marked to be cancelled (``delivery_failed``) and the scheduler
+        ends it at its next step; the engine thread goes on."""
+        try:
+            self.sink(ev)
+            return True
+        except Exception as e:  # noqa: BLE001 - the consumer's failure, not the engine's
+            if self.cancel_reason is None:
+                log.warning("session %s: its consumer cannot take events (%s: %s); cancelling it",
+                            self.session_id, type(e).__name__, e)
+                self.cancel_reason = "delivery_failed"
+            return False
 
     def request_id(self, k: int) -> str:
         return f"{self.session_id}#{k}"

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -65,3 +68,19 @@ class CodecCounters:
             "decode_ms_per_emitted_frame": round(1000 * self.decode_s / emitted, 2) if emitted else None,
             **extra,
         }
+
+
+log = logging.getLogger("lyre.codec")
+
+
+def decode_isolated(jobs: Sequence[Any], call: Callable[[list[Any]], Sequence[Any]]) -> list[Any]:
+    """``call(jobs)`` (one batched decode: a result per job); when it raises, each job alone, so
+    only the jobs that fail alone get their exception (a fault stays with its stream)."""
+    try:
+        return list(call(list(jobs)))
+    except Exception as e:  # noqa: BLE001 - handed to the job(s) that caused it
+        if len(jobs) == 1:
+            log.warning("audio decode failed: %s: %s", type(e).__name__, e)
+            return [e]
+        log.exception("audio decode failed (%d streams); decoding them one at a time", len(jobs))
+    return [result for job in jobs for result in decode_isolated([job], call)]

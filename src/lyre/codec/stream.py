@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from lyre import orpheus
-from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings
+from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
 from lyre.codec.streaming import OfflineSnac, StreamingSnac
 
 log = logging.getLogger("lyre.codec")
@@ -202,18 +202,14 @@ class StreamCodec:
                                       state_bytes_per_stream=self.model.state_bytes, lag_samples=self.lag)
 
     def decode(self, jobs: list[StreamJob]) -> list[StreamResult | Exception]:
-        """Each job's audio and new state, in order; a call that fails gives its jobs the exception
-        (the jobs of the round's other calls are unaffected)."""
+        """Each job's audio and new state, in order; a job whose decode fails gets its exception
+        instead (a failed batched call is retried job by job: the others are unaffected)."""
         out: list[StreamResult | Exception | None] = [None] * len(jobs)
         groups: dict[tuple[bool, int], list[int]] = {}
         for i, job in enumerate(jobs):
             groups.setdefault((job.prefix, len(job.frames)), []).append(i)
         for (prefix, _), idx in groups.items():
-            try:
-                results = self._decode_group([jobs[i] for i in idx], prefix)
-            except Exception as e:  # noqa: BLE001 - a failed call fails its own jobs, not the loop
-                log.exception("audio decode failed (%d streams)", len(idx))
-                results = [e] * len(idx)
+            results = decode_isolated([jobs[i] for i in idx], lambda group, p=prefix: self._decode_group(group, p))
             for i, result in zip(idx, results, strict=True):
                 out[i] = result
         return out  # type: ignore[return-value]

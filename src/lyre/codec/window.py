@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from lyre import orpheus
-from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings
+from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
 
 log = logging.getLogger("lyre.codec")
 
@@ -170,17 +170,14 @@ class WindowCodec:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live))
 
     def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray | Exception]:
-        """Float32 audio of each job's window, in order; a call that fails gives its jobs the exception."""
+        """Float32 audio of each job's window, in order; a job whose decode fails gets its exception."""
         out: list[np.ndarray | Exception | None] = [None] * len(jobs)
         by_len: dict[int, list[int]] = {}
         for i, job in enumerate(jobs):
             by_len.setdefault(len(job.frames), []).append(i)
         for idx in by_len.values():
-            try:
-                audio = self._decode(np.stack([jobs[i].frames for i in idx]))  # (B, T, 7) -> (B, T * 2048)
-            except Exception as e:  # noqa: BLE001 - a failed call fails its own jobs, not the loop
-                log.exception("audio decode failed (%d streams)", len(idx))
-                audio = [e] * len(idx)
+            # (B, T, 7) -> (B, T * 2048); a failed batch is retried job by job
+            audio = decode_isolated([jobs[i] for i in idx], lambda group: self._decode(np.stack([j.frames for j in group])))
             for row, i in enumerate(idx):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]

@@ -9,6 +9,10 @@
   rows that sample, batched sampling;
 - postprocess: record tokens, finish on stop ids / max_tokens / a full slot, free those slots.
 
+A step that raises is run again one request at a time, so a fault (a bad value in the sampler, a
+prefill or decode that fails for one request) ends only the request that causes it, with
+finish_reason "error"; the others get their tokens from the same step.
+
 With ``constrain_audio``, once a request is past start-of-speech only the 4096 ids of its current
 frame slot (plus end-of-speech at frame boundaries) can be sampled, and only those rows of
 ``lm_head`` are computed.
@@ -201,15 +205,40 @@ class TorchEngine:
         if not decode and not prefill:
             return deltas
         try:
+            return deltas + self._run(decode, prefill)
+        except Exception:  # a fault stays with the request that caused it: find it
+            log.exception("engine step failed; running its %d requests one at a time", len(decode) + len(prefill))
+        return deltas + self._isolate(decode, prefill)
+
+    def _run(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
+        """build -> forward -> sample -> postprocess. On failure every sequence is as it was before
+        (positions, random generators), so the step can be run again: a forward that failed midway
+        may have written K/V at these positions, and a retry writes the same positions again."""
+        seqs = decode + [seq for seq, _ in prefill]
+        saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
+        try:
             batch, samplers = self._build(decode, prefill)
             hidden = self.model(batch, self.cache)  # (N, H): one row per sampling sequence
             tokens, logits, logit_ids = self._sample(samplers, hidden)
-        except Exception as e:  # one bad step fails its own requests, not the engine
-            log.exception("engine step failed")
-            error = f"{type(e).__name__}: {e}"
-            return deltas + [self._finish(s, "error", error) for s in decode + [seq for seq, _ in prefill]]
+        except Exception:
+            for s, (cached, rng) in zip(seqs, saved, strict=True):
+                s.num_cached = cached
+                s.generator.set_state(rng)
+            raise
         self.total_steps += 1
-        return deltas + self._postprocess(samplers, tokens, logits, logit_ids)
+        return self._postprocess(samplers, tokens, logits, logit_ids)
+
+    def _isolate(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
+        """The failed step again, one request at a time: only those that fail alone finish with an
+        error; the others get this step's tokens (the same ones, seeded, as in the batch)."""
+        deltas = []
+        for seq, alone in [(s, ([s], [])) for s in decode] + [(s, ([], [(s, n)])) for s, n in prefill]:
+            try:
+                deltas += self._run(*alone)
+            except Exception as e:  # noqa: BLE001 - this request's own fault
+                log.warning("request %s failed alone: %s: %s", seq.request.request_id, type(e).__name__, e)
+                deltas.append(self._finish(seq, "error", f"{type(e).__name__}: {e}"))
+        return deltas
 
     # --- schedule -------------------------------------------------------------------------------
 
