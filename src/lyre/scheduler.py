@@ -246,7 +246,7 @@ class Scheduler:
                 self._route_one(s, k, d, now)
             except Exception as e:  # noqa: BLE001 - its tokens could not be used: it alone fails
                 log.exception("routing the tokens of %s failed", d.request_id)
-                self._by_request.pop(d.request_id, None)
+                # _end cancels its requests: a KV slot it still holds is freed at the next engine step
                 self._end(s, FAILED, f"its tokens could not be decoded: {type(e).__name__}: {e}", now)
 
     def _route_one(self, s: Session, k: int, d: TokenDelta, now: float) -> None:

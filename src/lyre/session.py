@@ -98,8 +98,8 @@ class Session:
         """Hand ``ev`` to the consumer. A sink that raises (e.g. its event loop has closed) is this
         session's fault alone: it is marked to be cancelled (``delivery_failed``) and the scheduler
         ends it at its next step; the engine thread goes on."""
+        self.sink(ev)
         try:
-            self.sink(ev)
             return True
         except Exception as e:  # noqa: BLE001 - the consumer's failure, not the engine's
             if self.cancel_reason is None:

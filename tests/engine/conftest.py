@@ -114,3 +114,37 @@ def tokens_of(deltas: list[TokenDelta]) -> list[int]:
 
 def logits_of(deltas: list[TokenDelta]) -> torch.Tensor:
     return torch.cat([d.logits for d in deltas if d.logits is not None])
+
+
+def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, request_id: str, after: int = 0) -> None:
+    """Fault injection: wrap the engine's real method so that it raises only when ``request_id``
+    takes part — its prompt chunk in the forward ("prefill"), its decode row in the forward
+    ("decode"), its row in the sampler ("sampling"); the last two once it has ``after`` tokens."""
+    fault = RuntimeError(f"simulated {stage} fault")
+
+    def poisoned(seq) -> bool:
+        if seq is None or seq.request.request_id != request_id:
+            return False
+        return seq.num_generated == 0 if stage == "prefill" else seq.num_generated >= max(after, 1)
+
+    if stage == "sampling":
+        sample_rows = engine._sample_rows
+
+        def sampling(seqs, *args):
+            cols = sample_rows(seqs, *args)  # it fails after the draw: every row's generator has moved on
+            if any(poisoned(s) for s in seqs):
+                raise fault
+            return cols
+
+        monkeypatch.setattr(engine, "_sample_rows", sampling)
+        return
+    assert stage in ("prefill", "decode"), stage
+    forward = engine.model.forward
+
+    def forward_pass(batch, cache):
+        seq = engine._by_id.get(request_id)
+        if poisoned(seq) and bool((batch.slots == seq.slot).any()):
+            raise fault
+        return forward(batch, cache)
+
+    monkeypatch.setattr(engine.model, "forward", forward_pass)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from lyre import orpheus
 from lyre.engine.base import GenerationRequest, SamplingParams
 
-from .conftest import drive, make_engine, tokens_of
+from .conftest import drive, make_engine, poison, tokens_of
 
 AUDIO_PROMPT = [orpheus.START_OF_HUMAN, orpheus.BOS, 500, 501, 502, *orpheus.PROMPT_SUFFIX]
 
@@ -228,27 +228,28 @@ def test_min_tokens_holds_back_the_stop(eos_happy_dir):
     assert len(tokens_of(free["free"])) < 50
 
 
-def test_a_failing_step_fails_its_requests_and_the_engine_serves_on(demo_dir):
-    eng = make_engine(demo_dir / "llama", slots=2, max_batch_size=2)
-    real_forward = eng.model.forward
-    calls = {"n": 0}
+@pytest.mark.parametrize("stage", ["prefill", "decode", "sampling"])
+def test_a_failing_step_fails_only_the_request_that_causes_it(demo_dir, stage, monkeypatch):
+    """A batched step that raises runs again request by request: only the poisoned request ends, with
+    an error; the others in that step (seeded) get exactly the tokens they get without the fault."""
+    def generate(fault: bool):
+        eng = make_engine(demo_dir / "llama", slots=4, max_batch_size=4)
+        if fault:
+            poison(monkeypatch, eng, stage, "bad", after=3)
+        requests = [GenerationRequest(rid, speech_prompt(i), SamplingParams(max_tokens=20, seed=i))
+                    for i, rid in enumerate(("a", "bad", "b"))]
+        return eng, drive(eng, {0: requests})  # one prefill forward, then every decode step, for all three
 
-    def forward_failing_once(*args, **kwargs):  # fault injection: one broken forward pass
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise RuntimeError("simulated device fault")
-        return real_forward(*args, **kwargs)
-
-    eng.model.forward = forward_failing_once
-    eng.add(GenerationRequest("a", AUDIO_PROMPT, SamplingParams(max_tokens=20, seed=1)))
-    eng.add(GenerationRequest("b", AUDIO_PROMPT, SamplingParams(max_tokens=20, seed=2)))
-    eng.step()
-    deltas = eng.step()
-    assert {d.request_id: (d.finish_reason, "simulated device fault" in (d.error or "")) for d in deltas} == {
-        "a": ("error", True), "b": ("error", True)}
-    assert eng.stats().active == 0
-    out = drive(eng, {0: [GenerationRequest("c", AUDIO_PROMPT, SamplingParams(max_tokens=5, seed=3))]})
-    assert out["c"][-1].finish_reason == "length" and len(tokens_of(out["c"])) == 5
+    _, clean = generate(fault=False)
+    eng, out = generate(fault=True)
+    bad = out["bad"][-1]
+    assert bad.finish_reason == "error" and f"RuntimeError: simulated {stage} fault" in bad.error
+    assert len(tokens_of(out["bad"])) == (0 if stage == "prefill" else 3)
+    assert [tokens_of(out[r]) for r in "ab"] == [tokens_of(clean[r]) for r in "ab"]
+    assert [out[r][-1].finish_reason for r in "ab"] == ["length", "length"] and len(tokens_of(clean["a"])) == 20
+    assert eng.stats().active == 0  # the poisoned request's slot came back too
+    later = drive(eng, {0: [GenerationRequest("c", AUDIO_PROMPT, SamplingParams(max_tokens=5, seed=3))]})
+    assert later["c"][-1].finish_reason == "length" and len(tokens_of(later["c"])) == 5
 
 
 def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_full_batch(demo_dir):

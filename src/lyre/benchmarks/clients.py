@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -37,13 +38,36 @@ def _ws_url(http: str) -> str:
     return http.replace("http://", "ws://") + "/v1/audio/stream"
 
 
-async def rest(http: str, text: str, behaviour: str, at: int, expected: int, options: dict | None = None) -> Outcome:
+@dataclass
+class Shared:
+    """One HTTP session (unlimited pool) and one gRPC channel for many requests: a burst of hundreds
+    of clients from one process then costs little besides the requests themselves."""
+
+    http: aiohttp.ClientSession | None = None
+    channel: grpc.aio.Channel | None = None
+
+    @classmethod
+    async def open(cls, grpc_target: str) -> Shared:
+        return cls(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)),
+                   grpc.aio.insecure_channel(grpc_target))
+
+    async def close(self) -> None:
+        await self.http.close()
+        await self.channel.close()
+
+
+def _own_or_shared(make_own, shared):
+    return contextlib.nullcontext(shared) if shared is not None else make_own()
+
+
+async def rest(http: str, text: str, behaviour: str, at: int, expected: int, options: dict | None = None,
+               shared: Shared | None = None) -> Outcome:
     start = time.perf_counter()
     options = options or {}
     sse = options.get("stream_format") == "sse"
     body = {"input": text, "response_format": "pcm", **options}
     got, error = 0, None
-    async with aiohttp.ClientSession() as s:
+    async with _own_or_shared(aiohttp.ClientSession, shared and shared.http) as s:
         r = await s.post(http + "/v1/audio/speech", json=body)
         latency = 1000 * (time.perf_counter() - start)
         if r.status != 200:
@@ -112,11 +136,11 @@ async def websocket(http: str, text: str, behaviour: str, at: int, expected: int
     return Outcome("ws", behaviour, "short", got, "closed", "the socket closed before done", latency_ms=latency)
 
 
-async def grpc_stream(target: str, text: str, behaviour: str, at: int, expected: int, options: dict | None = None
-                      ) -> Outcome:
+async def grpc_stream(target: str, text: str, behaviour: str, at: int, expected: int, options: dict | None = None,
+                      shared: Shared | None = None) -> Outcome:
     start = time.perf_counter()
     got, latency = 0, 0.0
-    async with grpc.aio.insecure_channel(target) as channel:
+    async with _own_or_shared(lambda: grpc.aio.insecure_channel(target), shared and shared.channel) as channel:
         request = tts_pb2.SynthesizeRequest(text=text, sampling=tts_pb2.SamplingOptions(**(options or {})))
         call = tts_pb2_grpc.TextToSpeechStub(channel).SynthesizeStream(request)
         chunks = 0
@@ -138,14 +162,14 @@ async def grpc_stream(target: str, text: str, behaviour: str, at: int, expected:
 
 
 async def one(protocol: str, http: str, grpc_target: str, text: str, behaviour: str, at: int,
-              expected: int, options: dict | None = None) -> Outcome:
+              expected: int, options: dict | None = None, shared: Shared | None = None) -> Outcome:
     """``options``: request fields (sampling; for REST also e.g. ``stream_format``)."""
     try:
         if protocol == "rest":
-            return await rest(http, text, behaviour, at, expected, options)
+            return await rest(http, text, behaviour, at, expected, options, shared)
         sampling = {k: v for k, v in (options or {}).items() if k in tts_pb2.SamplingOptions.DESCRIPTOR.fields_by_name}
         if protocol == "ws":
             return await websocket(http, text, behaviour, at, expected, sampling)
-        return await grpc_stream(grpc_target, text, behaviour, at, expected, sampling)
+        return await grpc_stream(grpc_target, text, behaviour, at, expected, sampling, shared)
     except (aiohttp.ClientError, websockets.WebSocketException, OSError, asyncio.TimeoutError) as e:
         return Outcome(protocol, behaviour, "error", 0, type(e).__name__, str(e))

@@ -33,7 +33,7 @@ import grpc
 
 from lyre import orpheus
 from lyre.benchmarks import fuzz
-from lyre.benchmarks.clients import Outcome, one
+from lyre.benchmarks.clients import Outcome, Shared, one
 from lyre.benchmarks.load import percentile
 from lyre.benchmarks.servers import ManagedServer
 from lyre.config import LyreConfig
@@ -126,12 +126,16 @@ def _overload(srv: ManagedServer, burst: int, capacity: int) -> dict[str, Any]:
     options = {"max_tokens": tokens, "min_tokens": tokens}
 
     async def go():
-        tasks = [asyncio.create_task(one(("rest", "grpc")[i % 2], srv.http, srv.grpc, TEXTS[i % len(TEXTS)],
-                                         "complete", 0, expected, options)) for i in range(burst)]
-        while not any(t.done() for t in tasks):  # the refusals come back first
-            await asyncio.sleep(0.01)
-        probes = await _refusal_probes(srv, PROBES)
-        return await asyncio.gather(*tasks), probes
+        shared = await Shared.open(srv.grpc)  # one connection pool: the burst costs the client little
+        try:
+            tasks = [asyncio.create_task(one(("rest", "grpc")[i % 2], srv.http, srv.grpc, TEXTS[i % len(TEXTS)],
+                                             "complete", 0, expected, options, shared)) for i in range(burst)]
+            while not any(t.done() for t in tasks):  # the refusals come back first
+                await asyncio.sleep(0.01)
+            probes = await _refusal_probes(srv, PROBES)
+            return await asyncio.gather(*tasks), probes
+        finally:
+            await shared.close()
 
     outcomes, probes = asyncio.run(go())
     refused = [o for o in outcomes if o.result == "refused"]
@@ -142,6 +146,7 @@ def _overload(srv: ManagedServer, burst: int, capacity: int) -> dict[str, Any]:
     return {
         "burst": burst, "admitted": len(admitted), "refused": len(refused),
         "admitted_complete": sum(o.result == "complete" for o in admitted),
+        "admitted_incomplete_examples": [asdict(o) for o in admitted if o.result != "complete"][:5],
         "probes": len(probes), "probes_refused": len(latencies),
         "refused_clearly": len(clear), "refusals": len(refused) + len(latencies),  # 429+Retry-After / RESOURCE_EXHAUSTED
         "burst_answer_ms_p99": percentile([o.latency_ms for o in refused], 0.99),

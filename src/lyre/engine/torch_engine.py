@@ -9,9 +9,11 @@
   rows that sample, batched sampling;
 - postprocess: record tokens, finish on stop ids / max_tokens / a full slot, free those slots.
 
-A step that raises is run again one request at a time, so a fault (a bad value in the sampler, a
-prefill or decode that fails for one request) ends only the request that causes it, with
-finish_reason "error"; the others get their tokens from the same step.
+A step that raises is run again one request at a time (each alone: its decode row or its prompt
+chunk), after undoing what the failed attempt changed (positions, random generators; K/V it may
+have written are written again), so a fault (a bad value in the sampler, a prefill or decode that
+fails for one request) ends only the request that causes it, with finish_reason "error"; the
+others get their tokens from the same step (seeded: the very tokens the batch would have given).
 
 With ``constrain_audio``, once a request is past start-of-speech only the 4096 ids of its current
 frame slot (plus end-of-speech at frame boundaries) can be sampled, and only those rows of
