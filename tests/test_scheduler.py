@@ -298,6 +298,33 @@ def test_a_consumer_that_cannot_take_events_is_cancelled_alone():
     assert done(f_ev).outcome == "finished" and gate.inside == 0 and not engine.has_work()
 
 
+def test_a_client_is_not_a_slow_consumer_because_its_server_was_slow():
+    """No audio for longer than consumer_timeout_s (the server was overloaded), then a chunk the
+    client's handler takes a step later: the wait was the server's, so the client is not slow."""
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=70)
+    s, events = open_session(sch, gate, clock, "patient", reads=False)
+
+    def step_until_new_audio():
+        before = s.audio_samples
+        while s.audio_samples == before:
+            sch.step()
+            clock.advance(0.01)
+
+    step_until_new_audio()
+    s.consumed_samples = s.audio_samples  # the client takes everything ...
+    sch.step()  # ... and the engine thread sees that it did
+    s.consumed_samples = s.audio_samples
+    clock.advance(15.0)  # the server's next step came 15 s later (> consumer_timeout_s = 10)
+    step_until_new_audio()
+    sch.step()  # the engine thread looks again before the client's handler has taken the new chunk
+    assert s.status == "active" and s.unread_seconds > 0
+    while done(events) is None:
+        s.consumed_samples = s.audio_samples
+        sch.step()
+        clock.advance(0.01)
+    assert done(events).outcome == "finished"
+
+
 def test_look_ahead_leaves_the_reserved_slots_to_new_sessions():
     sch, engine, clock, gate = make(capacity=4, batch=4, tokens=21, reserved_slots=3)
     open_session(sch, gate, clock, "long", segments=3)

@@ -231,6 +231,8 @@ class AudioPipeline:
             if self.metrics is not None:
                 self.metrics.ttfb.observe(now - s.created)
         ev = ChunkEvent(pcm=pcm, offset=s.audio_samples, index=s.chunks, late=late)
+        if s.consumed_samples >= s.audio_samples:  # its client had read everything: this is new to wait for
+            s.unread_since = now
         s.audio_samples += len(pcm)
         s.chunks += 1
         s.late_chunks += late

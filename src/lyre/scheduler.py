@@ -36,6 +36,8 @@ from lyre.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, Do
 
 log = logging.getLogger("lyre.scheduler")
 
+OUTCOME_LABELS = {"cancelled", "timeout", "slow_consumer", "shutdown", "delivery_failed"}
+
 
 class Scheduler:
     def __init__(
@@ -165,16 +167,21 @@ class Scheduler:
                 reason = "timeout"
             if reason is None and self._slow_consumer(s, now):
                 reason = "slow_consumer"
+                log.info("session %s: slow consumer: %.1f s behind its listener's clock, %.1f s unread, last read "
+                         "%.1f s ago, audio waiting for %.1f s%s", s.session_id, s.behind_s(), s.unread_seconds,
+                         now - s.last_read_at, now - (s.unread_since or now), " (throttled)" if s.throttled else "")
             if reason:
                 self._end(s, CANCELLED, reason, now)
 
     def _slow_consumer(self, s: Session, now: float) -> bool:
-        """Its client is more than consumer_timeout_s behind its listener's clock, or has read nothing
-        for that long while behind it (a client that read ahead may pause)."""
+        """Its client is more than consumer_timeout_s behind its listener's clock, or, while behind it,
+        has read nothing for that long since audio was there to read (a client that read ahead may
+        pause; one whose server was slow to produce its next chunk is not slow itself)."""
         if s.first_audio_at is None or s.unread_seconds <= 0:
             return False
         behind, limit = s.behind_s(), self.cfg.consumer_timeout_s
-        return behind > limit or (behind > 0 and now - s.last_read_at > limit)
+        idle = now - max(s.last_read_at, s.unread_since or s.last_read_at)
+        return behind > limit or (behind > 0 and idle > limit)
 
     # --- admit ----------------------------------------------------------------------------------
 
@@ -298,7 +305,8 @@ class Scheduler:
             "segments": len(s.segments),
         }
         if self.metrics is not None:
-            self.metrics.sessions.labels(outcome=reason or status).inc()
+            # a bounded label: the known reasons, else the outcome (an error's text is not a label)
+            self.metrics.sessions.labels(outcome=reason if reason in OUTCOME_LABELS else status).inc()
         s.deliver(DoneEvent(status, reason, metrics))
 
 

@@ -84,6 +84,7 @@ class Session:
     played_s: float = 0.0
     clock_at: float | None = None
     last_read_at: float | None = None
+    unread_since: float | None = None  # when audio last became waiting for a client that had read everything
     _seen_consumed: int = 0
 
     @property
@@ -98,8 +99,8 @@ class Session:
         """Hand ``ev`` to the consumer. A sink that raises (e.g. its event loop has closed) is this
         session's fault alone: it is marked to be cancelled (``delivery_failed``) and the scheduler
         ends it at its next step; the engine thread goes on."""
-        self.sink(ev)
         try:
+            self.sink(ev)
             return True
         except Exception as e:  # noqa: BLE001 - the consumer's failure, not the engine's
             if self.cancel_reason is None:
