@@ -1,6 +1,6 @@
 """Faults stay with their request: a fault that hits one session — the engine refusing it, its
-sampling, its prefill, its decode step, routing its tokens, its codec decode, delivery to its
-consumer — ends that session alone. Through the real TorchEngine and codec on the demo checkpoint;
+sampling, its prefill, its decode step, routing its tokens, planning or running its codec decode,
+delivery to its consumer — ends that session alone. Through the real TorchEngine and codec on the demo checkpoint;
 the fault is injected by wrapping the real method so it raises only for the poisoned session ("s1"),
 which shares its steps (and codec rounds) with the two others."""
 
@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from lyre import orpheus
+from lyre.codec.stream import ExactStream
 from lyre.service import SynthesisFailed
 
 from .engine.conftest import poison
@@ -28,6 +29,7 @@ REASONS = {  # the poisoned session's failure, stage by stage
     "decode": "engine error: RuntimeError: simulated decode fault",
     "route": "its tokens could not be decoded: RuntimeError: simulated route fault",
     "codec": "audio decode failed: RuntimeError: simulated codec fault",
+    "plan": "audio planning failed: RuntimeError: simulated plan fault",
 }
 
 
@@ -69,6 +71,16 @@ def inject(tts, stage: str, monkeypatch) -> None:
             return decode_group(group, prefix)
 
         monkeypatch.setattr(codec, "_decode_group", failing_decode)
+    elif stage == "plan":
+        original = ExactStream.plan
+
+        def failing_plan(stream, *args):
+            s = poisoned_session()
+            if s is not None and stream is s.segments[0].decoder and s.audio_samples > 0:
+                raise fault
+            return original(stream, *args)
+
+        monkeypatch.setattr(ExactStream, "plan", failing_plan)
 
 
 async def audio_of(stream) -> np.ndarray | str:

@@ -164,18 +164,15 @@ class AudioPipeline:
         """Due jobs (at most one per session), least slack first, within the round's budget."""
         due: list[Job] = []
         for s in sessions:
-            while s.current < len(s.segments):  # skip past segments whose audio is all out
-                seg = s.segments[s.current]
-                job = (seg.decoder.plan(self.chunk_frames(s, now), self.needs_audio(s, seg.decoder, now, len(sessions)))
-                       if seg.decoder is not None else None)
-                if job is not None:
-                    due.append((s, seg, job))
-                    break
-                if seg.done_generating and seg.decoder.all_out:
-                    s.current += 1
-                    continue
-                break
-            if s.current >= len(s.segments):
+            try:
+                job = self._due(s, now, len(sessions))
+            except Exception as e:  # noqa: BLE001 - this stream's bookkeeping failed: it alone fails
+                log.exception("planning the audio of %s failed", s.session_id)
+                out.failed.append((s, f"audio planning failed: {type(e).__name__}: {e}"))
+                continue
+            if job is not None:
+                due.append(job)
+            elif s.current >= len(s.segments):
                 out.finished.append(s)
         due.sort(key=lambda j: (j[0].slack(now), j[0].order))
         budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
@@ -187,6 +184,19 @@ class AudioPipeline:
             jobs.append(job)
             used += cost
         return jobs
+
+    def _due(self, s: Session, now: float, sessions: int) -> Job | None:
+        """The session's due job, moving past segments whose audio is all out; None when none is due."""
+        while s.current < len(s.segments):
+            seg = s.segments[s.current]
+            job = (seg.decoder.plan(self.chunk_frames(s, now), self.needs_audio(s, seg.decoder, now, sessions))
+                   if seg.decoder is not None else None)
+            if job is not None:
+                return s, seg, job
+            if not (seg.done_generating and seg.decoder.all_out):
+                return None
+            s.current += 1
+        return None
 
     def _decode(self, jobs: list[Job]) -> list[Any] | Exception:
         t0 = time.perf_counter()
@@ -214,7 +224,12 @@ class AudioPipeline:
                 out.failed.append((s, f"audio decode failed: {type(result).__name__}: {result}"))
                 continue
             starts = seg.decoder.emitted == 0
-            pcm = seg.decoder.complete(job, result)
+            try:
+                pcm = seg.decoder.complete(job, result)
+            except Exception as e:  # noqa: BLE001 - this stream's bookkeeping failed: it alone fails
+                log.exception("completing the audio of %s failed", s.session_id)
+                out.failed.append((s, f"audio decode failed: {type(e).__name__}: {e}"))
+                continue
             ends = seg.decoder.finished and seg.decoder.all_out
             if len(pcm):
                 self._send(s, pcm, now, starts, ends)
