@@ -35,6 +35,13 @@ class OverloadedError(LyreError):
         self.retry_after_s = retry_after_s
 
 
+class TooManyConnections(LyreError):
+    """One client address holds server.max_connections_per_client requests and sockets already."""
+
+    code = "too_many_connections"
+    retry_after_s = 1.0
+
+
 class ServiceUnavailable(LyreError):
     code = "unavailable"
 

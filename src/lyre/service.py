@@ -58,11 +58,7 @@ from lyre.utterance import Utterance
 log = logging.getLogger("lyre.service")
 
 
-# --------------------------------------------------------------------------------------------
-# errors the front ends map to status codes
-
-
-# (defined in lyre.errors; importable from here too)
+# the errors are defined in lyre.errors and importable from here too
 __all__ = ["InvalidRequest", "LyreError", "OutOfRange", "OverloadedError", "ServiceUnavailable", "SynthesisCancelled",
            "SynthesisFailed", "SynthesisTimeout", "TextTooLong", "UnknownVoice", "TTSService", "SpeechStream",
            "Audio", "AudioChunk"]

@@ -23,6 +23,7 @@ from lyre.errors import (
     SynthesisFailed,
     SynthesisTimeout,
     TextTooLong,
+    TooManyConnections,
     UnknownVoice,
 )
 
@@ -102,11 +103,6 @@ def describe_text(text: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # per-client limits and draining
-
-
-class TooManyConnections(LyreError):
-    code = "too_many_connections"
-    retry_after_s = 1.0
 
 
 class Clients:
@@ -197,18 +193,18 @@ def cancelled_by_drain(inflight: InFlight) -> ServiceUnavailable | None:
 # encoding off the event loop
 
 
+async def _off_loop(encoder: AudioEncoder, fn: Callable[..., bytes], *args: Any) -> bytes:
+    """``fn(*args)`` of ``encoder``: in a worker thread for compressed formats and resampling, so
+    many mp3 streams do not stall the sockets of others (calls on one encoder are awaited in order)."""
+    return fn(*args) if encoder.cheap else await asyncio.to_thread(fn, *args)
+
+
 async def encode(encoder: AudioEncoder, pcm: Any) -> bytes:
-    """``encoder.encode(pcm)``; compressed formats and resampling run in a worker thread, so many
-    mp3 streams do not stall the sockets of others. Calls on one encoder are awaited in order."""
-    if encoder.cheap:
-        return encoder.encode(pcm)
-    return await asyncio.to_thread(encoder.encode, pcm)
+    return await _off_loop(encoder, encoder.encode, pcm)
 
 
 async def finish(encoder: AudioEncoder) -> bytes:
-    if encoder.cheap:
-        return encoder.finish()
-    return await asyncio.to_thread(encoder.finish)
+    return await _off_loop(encoder, encoder.finish)
 
 
 def check_speed(speed: float | None) -> None:

@@ -26,7 +26,6 @@ from grpc_reflection.v1alpha import reflection
 from lyre.api.common import (
     DRAIN_TIMEOUT,
     InFlight,
-    TooManyConnections,
     classify,
     describe_text,
     encode,
@@ -34,7 +33,7 @@ from lyre.api.common import (
     key_matches,
 )
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
-from lyre.errors import InvalidRequest, LyreError
+from lyre.errors import InvalidRequest, LyreError, TooManyConnections
 from lyre.options import SamplingOptions, parse
 from lyre.service import TTSService
 from lyre.utterance import Utterance

@@ -174,20 +174,18 @@ async def _respond(request: web.Request, stream: SpeechStream, fmt: str, body: S
         await resp.write_eof()
         return resp
     except (LyreError, asyncio.CancelledError) as e:
-        error = cancelled_by_drain(request.app[INFLIGHT]) if isinstance(e, asyncio.CancelledError) else e
-        if resp is None:  # nothing sent yet: the status says it
-            if error is None:
-                raise
-            raise error from None
-        if error is not None:  # failed mid-stream: the status is sent; say so and end the body
-            log.warning("stream %s ended early: %s", stream.session_id, error)
-            if sse:
-                with contextlib.suppress(ConnectionResetError):
-                    await _sse(resp, {"type": "error", "error": error_body(error)})
-        if not sse and request.transport is not None:  # cut the body: an incomplete response, not a short file
-            request.transport.close()
-        if isinstance(e, asyncio.CancelledError) and error is None:
+        error = e if isinstance(e, LyreError) else cancelled_by_drain(request.app[INFLIGHT])
+        if error is None:  # cancelled, not by the drain: nothing to tell anyone
             raise
+        if resp is None:  # nothing sent yet: the status says it
+            raise error from None
+        # failed mid-stream: the status is sent; say so and end the body
+        log.warning("stream %s ended early: %s", stream.session_id, error)
+        if sse:
+            with contextlib.suppress(ConnectionResetError):
+                await _sse(resp, {"type": "error", "error": error_body(error)})
+        elif request.transport is not None:  # cut the body: an incomplete response, not a short file
+            request.transport.close()
         return resp
     except ConnectionResetError:  # the client went away (its synthesis is cancelled below)
         log.debug("stream %s: the client disconnected", stream.session_id)

@@ -19,7 +19,6 @@ known byte count, and ``server.max_connections_per_client=0`` (every client here
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import signal
 import time
@@ -34,7 +33,7 @@ import grpc
 from lyre import orpheus
 from lyre.benchmarks import fuzz
 from lyre.benchmarks.clients import Outcome, Shared, one
-from lyre.benchmarks.load import percentile
+from lyre.benchmarks.load import percentile, server_stats
 from lyre.benchmarks.servers import ManagedServer
 from lyre.config import LyreConfig
 from lyre.v1 import tts_pb2, tts_pb2_grpc
@@ -70,11 +69,11 @@ def run(config: Path | None, cfg: LyreConfig, overrides: tuple[str, ...], s: Soa
         progress(f"soak: {s.requests} requests at concurrency {s.concurrency}")
         result["soak"] = _soak(srv, s, expected, progress)
         progress(f"overload: {s.overload_factor * capacity} requests at once")
-        result["overload"] = _overload(srv, s.overload_factor * capacity, capacity)
+        result["overload"] = _overload(srv, s.overload_factor * capacity)
         progress(f"fuzz: {s.fuzz_examples} examples per surface")
         result["fuzz"] = fuzz.run(srv.http, srv.grpc, s.fuzz_examples, s.derandomize)
         result["fuzz"]["after"] = _settle(srv.http)
-        result["fuzz"]["health"] = _get(srv.http, "/health")[0]
+        result["fuzz"]["health"] = _status(srv.http + "/health")
         result["log_errors"] = _error_lines(srv.log_path)
     progress("drain: SIGTERM under load")
     result["drain"] = _drain(config, server, s, expected)
@@ -118,7 +117,7 @@ def _soak(srv: ManagedServer, s: SoakSettings, expected: int, progress) -> dict[
     }
 
 
-def _overload(srv: ManagedServer, burst: int, capacity: int) -> dict[str, Any]:
+def _overload(srv: ManagedServer, burst: int) -> dict[str, Any]:
     """``burst`` requests at once (REST and gRPC); then, while the admitted ones still stream, the
     refusal latency of single requests (one keep-alive connection / channel each) is measured."""
     tokens = BURST_TOKENS
@@ -194,7 +193,7 @@ def _drain(config: Path | None, server: tuple[str, ...], s: SoakSettings, expect
     async def go():
         tasks = [asyncio.create_task(one(p, srv.http, srv.grpc, text, "complete", 0, expected, _drain_options(long, s)))
                  for p, text, long in plan]
-        while _get(srv.http, "/v1/stats")[1]["scheduler"]["total_sessions"] < n:  # everyone is in
+        while server_stats(srv.http)["scheduler"]["total_sessions"] < n:  # everyone is in
             await asyncio.sleep(0.05)
         start = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
@@ -243,19 +242,19 @@ def _run_plan(srv: ManagedServer, plan: list[tuple], concurrency: int, expected:
     return asyncio.run(go())
 
 
-def _get(http: str, path: str) -> tuple[int, Any]:
+def _status(url: str) -> int:
     try:
-        with urllib.request.urlopen(http + path, timeout=30) as r:
-            return r.status, json.loads(r.read())
+        with urllib.request.urlopen(url, timeout=30) as r:
+            return r.status
     except urllib.error.HTTPError as e:
-        return e.code, None
+        return e.code
 
 
 def _settle(http: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """What is left once the server has seen every disconnect: KV slots, sessions, codec states."""
     start = time.monotonic()
     while True:
-        stats = _get(http, "/v1/stats")[1]
+        stats = server_stats(http)
         left = {"kv_slots_used": stats["kv_cache"]["used_slots"],
                 "active_sessions": stats["scheduler"]["active_sessions"],
                 "pending_sessions": stats["scheduler"]["pending_sessions"],

@@ -21,7 +21,6 @@ finished with padding frames and every frame is emitted: total audio = frames x 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +31,6 @@ import torch
 from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
 from lyre.codec.streaming import OfflineSnac, StreamingSnac
-
-log = logging.getLogger("lyre.codec")
 
 State = list[torch.Tensor]  # one (1, C, K) tensor per decoder layer with context
 # stream: (c0, c1, c2, fed, end, noise, states) -> (audio (B, c * 2048), states);

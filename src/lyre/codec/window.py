@@ -25,7 +25,6 @@ frame is emitted: total audio = frames x 2048 samples exactly.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,8 +33,6 @@ from torch import nn
 
 from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
-
-log = logging.getLogger("lyre.codec")
 
 
 @dataclass
