@@ -4,7 +4,7 @@
   python benchmark.py --mode scaling --concurrent 32 [--find-max --slo "success=1.0,ttfb_p95_ms=150,underruns=0"]
   python benchmark.py --mode all --requests 100 --concurrent 16 --output results.json
   python benchmark.py --mode tuning
-  python benchmark.py --mode engine  [--concurrency 1,4,16] [--max-tokens 256]
+  python benchmark.py --mode engine  [--concurrency 1,4,16] [--max-tokens 256] [--slot-order shuffled]
   python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline] [--codec-modes stream,window]
   python benchmark.py --mode codec [--batches 1,4,16] [--chunk 2] [--runtimes torch,onnxruntime,openvino]
   python benchmark.py --mode soak [--requests 10000] [--concurrent 8] [--disconnect 0.3] [--cancel 0.1]
@@ -90,6 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, help="engine mode: Llama checkpoint directory")
     p.add_argument("--concurrency", type=_int_list, help="engine/service levels (default 1,4,16 / 1,8,16)")
     p.add_argument("--baseline-requests", type=int, default=2, help="engine mode: sequential transformers requests")
+    p.add_argument("--slot-order", choices=engine_bench.SLOT_ORDERS, default="admission",
+                   help="engine mode: the order step() gets its requests in: admission (default) or shuffled "
+                        "anew every step, as the deadline scheduler's order is")
     codec = p.add_argument_group("codec")
     codec.add_argument("--batches", type=_int_list, default=[1, 4, 16], help="streams decoded together (default 1,4,16)")
     codec.add_argument("--chunk", type=int, default=2, help="frames per stream per call (default 2)")
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
         if args.mode == "engine":
             model_dir = args.checkpoint or checkpoint.resolve_model(cfg.model, cfg.codec).llama_dir
             result = engine_bench.run(cfg, model_dir, args.concurrency or [1, 4, 16], args.max_tokens or 256,
-                                      args.baseline_requests, progress=say)
+                                      args.baseline_requests, progress=say, slot_order=args.slot_order)
             text = engine_bench.table(result)
         elif args.mode == "codec":
             runtimes = [x.strip() for x in args.runtimes.split(",") if x.strip()]

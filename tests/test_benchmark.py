@@ -13,7 +13,8 @@ def test_engine_mode_writes_the_figures_and_a_table(demo_dir, tmp_path):
     out_file = tmp_path / "engine.json"
     run = subprocess.run(
         [sys.executable, "benchmark.py", "--mode", "engine", "--checkpoint", str(demo_dir / "llama"),
-         "--concurrency", "1,3", "--max-tokens", "8", "--baseline-requests", "1", "--output", str(out_file)],
+         "--concurrency", "1,3", "--max-tokens", "8", "--baseline-requests", "1", "--slot-order", "shuffled",
+         "--output", str(out_file)],
         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
     )
     assert run.returncode == 0, run.stderr
@@ -25,6 +26,7 @@ def test_engine_mode_writes_the_figures_and_a_table(demo_dir, tmp_path):
     base = result["transformers_sequential"]
     assert base["tokens"] == 8 and base["tokens_per_s"] > 0
     assert result["machine"]["torch"] and result["settings"]["max_tokens"] == 8
+    assert result["settings"]["slot_order"] == "shuffled"
     assert "engine, 3 concurrent" in run.stdout and "transformers, sequential" in run.stdout
 
 

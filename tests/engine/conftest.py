@@ -128,15 +128,15 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
         return seq.num_generated == 0 if stage == "prefill" else seq.num_generated >= max(after, 1)
 
     if stage == "sampling":
-        sample_rows = engine._sample_rows
+        draw_rows = engine._draw
 
         def sampling(seqs, *args):
-            cols = sample_rows(seqs, *args)  # it fails after the draw: every row's generator has moved on
+            drawn = draw_rows(seqs, *args)  # it fails after the draw: every row's generator has moved on
             if any(poisoned(s) for s in seqs):
                 raise fault
-            return cols
+            return drawn
 
-        monkeypatch.setattr(engine, "_sample_rows", sampling)
+        monkeypatch.setattr(engine, "_draw", sampling)
         return
     assert stage in ("prefill", "decode"), stage
     forward = engine.model.forward

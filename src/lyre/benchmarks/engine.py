@@ -5,11 +5,16 @@ and prompts, in one run.
 Both sides sample with the configured parameters and ignore stop tokens so every request produces
 exactly ``max_tokens`` tokens. The engine runs with as many slots and as large a batch as the
 highest concurrency, so each level runs all its requests together.
+
+``slot_order="shuffled"`` hands ``step()`` the live requests in a new random order every step, as
+the deadline scheduler does (its order follows playback slack, not slots): attention then sees
+its sequences' slots in any order.
 """
 
 from __future__ import annotations
 
 import platform
+import random
 import statistics
 import time
 from collections import deque
@@ -34,19 +39,31 @@ def _prompts(model_dir: Path, cfg: LyreConfig, n: int) -> list[list[int]]:
     return [orpheus.build_prompt_ids(tokenizer, TEXTS[i % len(TEXTS)], voices[i % len(voices)]) for i in range(n)]
 
 
-def run_engine_level(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams, tag: str) -> dict[str, float]:
+SLOT_ORDERS = ("admission", "shuffled")
+
+
+def run_engine_level(engine: TorchEngine, prompts: list[list[int]], params: SamplingParams, tag: str,
+                     slot_order: str = "admission") -> dict[str, float]:
     """Run all ``prompts`` together to completion (those beyond the free slots as slots come free);
-    tokens/s and per-step times."""
+    tokens/s and per-step times. ``slot_order``: see the module doc."""
     waiting = deque(GenerationRequest(f"{tag}-{i}", p, replace(params, seed=i)) for i, p in enumerate(prompts))
+    live: list[str] = []
+    shuffle = random.Random(0).shuffle
     tokens, step_s = 0, []
     t0 = time.perf_counter()
     while waiting or engine.has_work():
         while waiting and engine.add(waiting[0]):
-            waiting.popleft()
+            live.append(waiting.popleft().request_id)
+        order = None
+        if slot_order == "shuffled":
+            shuffle(live)
+            order = live
         s0 = time.perf_counter()
-        deltas = engine.step()
+        deltas = engine.step(order)
         step_s.append(time.perf_counter() - s0)
         tokens += sum(len(d.token_ids) for d in deltas)
+        ended = {d.request_id for d in deltas if d.finished}
+        live = [rid for rid in live if rid not in ended]
     elapsed = time.perf_counter() - t0
     return {
         "concurrency": len(prompts),
@@ -90,6 +107,7 @@ def run(
     max_tokens: int,
     baseline_requests: int,
     progress=print,
+    slot_order: str = "admission",
 ) -> dict[str, Any]:
     top = max(concurrency)
     engine_cfg = replace(TorchEngineConfig.from_config(cfg), slots=top, max_batch_size=top)
@@ -100,7 +118,7 @@ def run(
     levels = []
     for c in concurrency:
         progress(f"engine: {c} concurrent x {max_tokens} tokens ...")
-        levels.append(run_engine_level(engine, prompts[:c], params, f"c{c}"))
+        levels.append(run_engine_level(engine, prompts[:c], params, f"c{c}", slot_order))
     progress(f"transformers generate: {baseline_requests} requests one at a time x {max_tokens} tokens ...")
     baseline = run_transformers_sequential(model_dir, prompts[:baseline_requests], params)
     return {
@@ -109,6 +127,7 @@ def run(
         "settings": {
             "checkpoint": str(model_dir),
             "max_tokens": max_tokens,
+            "slot_order": slot_order,
             "sampling": {k: v for k, v in params.__dict__.items() if k != "stop_ids"},
             "device": engine_cfg.device,
             "dtype": str(engine_cfg.dtype),

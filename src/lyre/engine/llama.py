@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lyre.checkpoint import LlamaConfig
+from lyre.engine.transfer import upload
 
 # --------------------------------------------------------------------------------------------
 # the model, top-down
@@ -93,9 +94,10 @@ class Attention(nn.Module):
         out = torch.empty_like(q)  # (T, nh, hd)
         for g in batch.groups:
             qg = q[g.q_index].transpose(1, 2)  # (B, Qmax, nh, hd) -> (B, nh, Qmax, hd)
-            kg, vg = cache.read(layer, g.slot_ids, g.kv_len, g.slot_range)  # (B, nkv, S, hd)
+            kg, vg = cache.read(layer, g.slots, g.kv_len)  # (B, nkv, S, hd): views of the cache
             og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=self.n_kv != self.n_heads)
-            out[g.token_index] = og.transpose(1, 2)[g.q_valid]  # (n, nh, hd)
+            rows = og.transpose(1, 2).reshape(-1, self.n_heads, self.head_dim)  # (B*Qmax, nh, hd)
+            out[g.token_index] = rows[g.valid_rows]  # (n, nh, hd)
         return self.o_proj(out.view(t, self.n_heads * self.head_dim))
 
 
@@ -185,32 +187,28 @@ class KVCache:
         self.k[layer][slots, :, positions] = k.to(self.k.dtype)
         self.v[layer][slots, :, positions] = v.to(self.v.dtype)
 
-    def read(
-        self, layer: int, slot_ids: torch.Tensor, length: int, slot_range: tuple[int, int] | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``length`` positions of each slot: (B, kv_heads, length, hd) each.
+    def read(self, layer: int, slots: tuple[int, int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``length`` positions of slots ``slots[0]`` to ``slots[1] - 1``: (B, kv_heads,
+        length, hd) each, views of the cache (nothing is copied, whatever slots a batch holds:
+        :func:`attention_groups` hands out consecutive ranges)."""
+        a, b = slots
+        return self.k[layer][a:b, :, :length], self.v[layer][a:b, :, :length]
 
-        A contiguous ``slot_range`` (the common case: the pool hands out the lowest slot first) is
-        read as a view; other batches gather a copy bounded by max_batch_size x max_seq_len.
-        The cache itself never grows.
-        """
-        if slot_range is not None:
-            a, b = slot_range
-            return self.k[layer][a:b, :, :length], self.v[layer][a:b, :, :length]
-        return self.k[layer][slot_ids, :, :length], self.v[layer][slot_ids, :, :length]
+
+MAX_GAP = 2  # slots between two sequences that one attention call bridges (their rows are computed and dropped)
 
 
 @dataclass
 class AttentionGroup:
-    """Sequences attended together: B sequences, up to Qmax new tokens each, S cached positions."""
+    """Sequences attended together over one range of consecutive slots: B = the range's slots (a
+    few may be gaps, slots not in this group), up to Qmax new tokens each, S cached positions."""
 
-    slot_ids: torch.Tensor  # (B,)
-    q_index: torch.Tensor  # (B, Qmax) flat token index of each query (padding repeats a valid one)
-    q_valid: torch.Tensor  # (B, Qmax) bool
-    token_index: torch.Tensor  # (n,) flat indices of the valid queries, in q_valid's row-major order
+    slots: tuple[int, int]  # (first, last + 1)
+    q_index: torch.Tensor  # (B, Qmax) flat token index of each query (padding and gaps repeat a valid one)
+    valid_rows: torch.Tensor  # (n,) indices into the B*Qmax query rows of the real queries, row-major
+    token_index: torch.Tensor  # (n,) flat token index of each of those queries
     mask: torch.Tensor  # (B, 1, Qmax, S) bool: key position <= query position within the slot
     kv_len: int  # S
-    slot_range: tuple[int, int] | None  # (first, last + 1) when slot_ids are consecutive ascending
 
 
 @dataclass
@@ -228,7 +226,8 @@ class ForwardBatch:
         """``seqs``: (slot, start position, new token ids, sample after the last one) per sequence.
 
         Single-token sequences (decode) and longer ones (prefill chunks) form separate attention
-        groups so decode never pays for prefill padding.
+        groups so decode never pays for prefill padding. Everything is laid out on the host and
+        uploaded without waiting for the device.
         """
         token_ids: list[int] = []
         positions: list[int] = []
@@ -244,39 +243,53 @@ class ForwardBatch:
             if do_sample:
                 sample.append(offset + len(ids) - 1)
         groups = [
-            _group([s for s in spans if (s[3] == 1) == decode], device)
+            group
             for decode in (True, False)
-            if any((s[3] == 1) == decode for s in spans)
+            for group in attention_groups([s for s in spans if (s[3] == 1) == decode], device)
         ]
-
-        def as_tensor(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long, device=device)
-
-        return cls(as_tensor(token_ids), as_tensor(positions), as_tensor(slots), groups, as_tensor(sample))
+        return cls(upload(token_ids, device), upload(positions, device), upload(slots, device), groups,
+                   upload(sample, device))
 
 
-def _group(spans: list[tuple[int, int, int, int]], device: torch.device) -> AttentionGroup:
-    q_max = max(n for _, _, _, n in spans)
-    kv_len = max(start + n for _, start, _, n in spans)
-    j = torch.arange(q_max)
-    starts = torch.tensor([start for _, start, _, _ in spans])
-    lengths = torch.tensor([n for _, _, _, n in spans])
-    offsets = torch.tensor([off for _, _, off, _ in spans])
-    q_valid = j[None, :] < lengths[:, None]  # (B, Qmax)
-    q_index = offsets[:, None] + torch.minimum(j[None, :], lengths[:, None] - 1)  # (B, Qmax)
-    q_pos = starts[:, None] + j[None, :]  # (B, Qmax)
-    slot_list = [slot for slot, _, _, _ in spans]
-    consecutive = slot_list == list(range(slot_list[0], slot_list[0] + len(slot_list)))
-    key_pos = torch.arange(kv_len)
-    mask = (key_pos[None, None, :] <= q_pos[:, :, None]) & (key_pos[None, None, :] < (starts + lengths)[:, None, None])
+def attention_groups(spans: list[tuple[int, int, int, int]], device: torch.device) -> list[AttentionGroup]:
+    """Spans (slot, start, flat offset, length) in any order -> groups over consecutive slot ranges,
+    so attention reads K/V in place: sorted by slot, cut where more than ``MAX_GAP`` slots lie
+    between two spans."""
+    runs: list[list[tuple[int, int, int, int]]] = []
+    for span in sorted(spans):
+        if runs and span[0] - runs[-1][-1][0] - 1 <= MAX_GAP:
+            runs[-1].append(span)
+        else:
+            runs.append([span])
+    return [_group(run, device) for run in runs]
+
+
+def _group(run: list[tuple[int, int, int, int]], device: torch.device) -> AttentionGroup:
+    """One attention call over slots run[0] .. run[-1] (ascending); a gap's row attends to its
+    key 0 only (finite, never read back). Laid out in Python, the mask built on the device."""
+    first, last = run[0][0], run[-1][0]
+    rows = last - first + 1
+    starts, lengths, offsets = [0] * rows, [0] * rows, [run[0][2]] * rows
+    for slot, start, offset, n in run:
+        starts[slot - first], lengths[slot - first], offsets[slot - first] = start, n, offset
+    q_max = max(lengths)
+    kv_len = max(a + n for a, n in zip(starts, lengths, strict=True))
+    # query j of row b: token offsets[b] + j; padding (and a gap's row) repeats the row's last valid one
+    q_index = [[off + max(0, min(j, n - 1)) for j in range(q_max)] for off, n in zip(offsets, lengths, strict=True)]
+    valid_rows = [b * q_max + j for b, n in enumerate(lengths) for j in range(n)]
+    token_index = [off + j for off, n in zip(offsets, lengths, strict=True) for j in range(n)]
+    start_t, length_t = upload(starts, device), upload(lengths, device)
+    q_pos = start_t[:, None] + torch.arange(q_max, device=device)[None, :]  # (B, Qmax)
+    key_pos = torch.arange(kv_len, device=device)[None, None, :]  # (1, 1, S)
+    mask = (key_pos <= q_pos[:, :, None]) & (key_pos < (start_t + length_t)[:, None, None])  # (B, Qmax, S)
+    mask[:, :, 0] |= (length_t == 0)[:, None]  # gaps
     return AttentionGroup(
-        slot_ids=torch.tensor(slot_list, device=device),
-        q_index=q_index.to(device),
-        q_valid=q_valid.to(device),
-        token_index=q_index[q_valid].to(device),
-        mask=mask.unsqueeze(1).to(device),  # (B, 1, Qmax, S)
+        slots=(first, last + 1),
+        q_index=upload(q_index, device),
+        valid_rows=upload(valid_rows, device),
+        token_index=upload(token_index, device),
+        mask=mask.unsqueeze(1),  # (B, 1, Qmax, S)
         kv_len=kv_len,
-        slot_range=(slot_list[0], slot_list[-1] + 1) if consecutive else None,
     )
 
 

@@ -39,7 +39,8 @@ from lyre import checkpoint, orpheus
 from lyre.config import LyreConfig
 from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, check_prompt
 from lyre.engine.llama import ForwardBatch, KVCache, Llama, load_llama
-from lyre.engine.sampling import SamplingBatch, apply_repetition_penalty, sample
+from lyre.engine.sampling import Draw, SamplingBatch, apply_repetition_penalty, draw
+from lyre.engine.transfer import to_host, upload
 
 log = logging.getLogger("lyre.engine")
 
@@ -291,89 +292,99 @@ class TorchEngine:
     def _sample(
         self, seqs: list[Sequence], hidden: torch.Tensor
     ) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """One token per sequence: constrained rows and full-vocabulary rows sampled as two batches."""
-        tokens: list[int] = [0] * len(seqs)
+        """One token per sequence: constrained rows and full-vocabulary rows sampled as two
+        batches, every row's choice read back from the device in one transfer for the step."""
+        if not seqs:  # prompt chunks only
+            return [], [], []
         logits_out: list[torch.Tensor | None] = [None] * len(seqs)
         ids_out: list[torch.Tensor | None] = [None] * len(seqs)
+        parts = []  # (rows, their first ids, constrained, Draw)
         constrained = [i for i, s in enumerate(seqs) if s.constrained]
         full = [i for i, s in enumerate(seqs) if not s.constrained]
         for rows, is_constrained in ((constrained, True), (full, False)):
             if not rows:
                 continue
             group = [seqs[i] for i in rows]
-            h = hidden[torch.tensor(rows, device=self.device)]
+            h = hidden[upload(rows, self.device)]
             if is_constrained:
-                frame_slot = torch.tensor([s.audio_k % orpheus.FRAME_TOKENS for s in group], device=self.device)
-                logits = self._constrained_logits(frame_slot, h)  # (n, 4097)
-                first_id = orpheus.AUDIO_TOKEN_OFFSET + frame_slot * BAND  # (n,) id of column 0
+                frame_slots = [s.audio_k % orpheus.FRAME_TOKENS for s in group]
+                logits = self._constrained_logits(frame_slots, h)  # (n, 4097)
+                first_ids = [orpheus.AUDIO_TOKEN_OFFSET + slot * BAND for slot in frame_slots]  # id of column 0
             else:
                 logits = self.model.logits(h)  # (n, V)
-                first_id = torch.zeros(len(rows), dtype=torch.long, device=self.device)
-            cols = self._sample_rows(group, logits, first_id, is_constrained)
-            chosen = self._col_ids(cols[:, None], first_id, is_constrained).squeeze(1).tolist()
+                first_ids = [0] * len(rows)
+            parts.append((rows, first_ids, is_constrained, self._draw(group, logits, first_ids, is_constrained)))
             for j, (i, s) in enumerate(zip(rows, group, strict=True)):
-                tokens[i] = chosen[j]
                 if s.request.record_logits:
-                    every_col = torch.arange(logits.shape[1], device=self.device)[None, :]
                     logits_out[i] = logits[j].clone()
-                    ids_out[i] = self._col_ids(every_col, first_id[j : j + 1], is_constrained)[0]
+                    ids_out[i] = self._col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
+                                               is_constrained)
+        chosen = to_host(torch.cat([d.cols for *_, d in parts]))  # the step's one read-back
+        tokens: list[int] = [0] * len(seqs)
+        at = 0
+        for rows, first_ids, is_constrained, d in parts:
+            cols = d.finish(chosen[at : at + len(rows)])
+            at += len(rows)
+            for i, first, col in zip(rows, first_ids, cols, strict=True):
+                tokens[i] = orpheus.END_OF_SPEECH if is_constrained and col == BAND else first + col
         return tokens, logits_out, ids_out
 
-    def _constrained_logits(self, frame_slot: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def _constrained_logits(self, frame_slots: list[int], hidden: torch.Tensor) -> torch.Tensor:
         """(n, 4097) logits: the 4096 codes of each row's frame slot (only those rows of lm_head
         are computed), then end-of-speech, masked to -inf except at frame boundaries."""
-        logits = torch.empty(len(frame_slot), CONSTRAINED_COLS, device=self.device)
-        for slot in frame_slot.unique().tolist():
-            rows = (frame_slot == slot).nonzero().squeeze(1)
+        logits = torch.empty(len(frame_slots), CONSTRAINED_COLS, device=self.device)
+        for slot in sorted(set(frame_slots)):
+            rows = upload([r for r, s in enumerate(frame_slots) if s == slot], self.device)
             logits[rows, :BAND] = self.model.logits(hidden[rows], orpheus.AUDIO_TOKEN_OFFSET + slot * BAND, BAND)
         eos = self.model.logits_of(hidden, orpheus.END_OF_SPEECH)  # (n,)
-        logits[:, BAND] = eos.masked_fill(frame_slot != 0, float("-inf"))
+        mid_frame = upload([s != 0 for s in frame_slots], self.device, torch.bool)
+        logits[:, BAND] = eos.masked_fill(mid_frame, float("-inf"))
         return logits
 
     @staticmethod
-    def _col_ids(cols: torch.Tensor, first_id: torch.Tensor, constrained: bool) -> torch.Tensor:
-        """Token id of logits columns ``cols`` (n, k): ``first_id + col``, and end-of-speech for the
+    def _col_ids(cols: torch.Tensor, first_id: int, constrained: bool) -> torch.Tensor:
+        """Token ids of logits columns ``cols``: ``first_id + col``, and end-of-speech for the
         last column of constrained rows."""
-        ids = first_id[:, None] + cols
+        ids = first_id + cols
         if constrained:
             ids = torch.where(cols == BAND, orpheus.END_OF_SPEECH, ids)
         return ids
 
-    def _sample_rows(
-        self, seqs: list[Sequence], logits: torch.Tensor, first_id: torch.Tensor, constrained: bool
-    ) -> torch.Tensor:
-        """Chosen column per row: repetition penalty, then temperature / top-k / top-p sampling."""
-        penalty = self._vec([s.params.repetition_penalty for s in seqs])
-        logits = apply_repetition_penalty(logits, self._history_cols(seqs, first_id, constrained), penalty)
+    def _draw(self, seqs: list[Sequence], logits: torch.Tensor, first_ids: list[int], constrained: bool) -> Draw:
+        """Chosen column per row, on the device: repetition penalty, min_tokens, then temperature /
+        top-k / top-p sampling. Decided from host values only: nothing is read back here."""
+        penalty = upload([s.params.repetition_penalty for s in seqs], self.device, torch.float32)
+        logits = apply_repetition_penalty(logits, self._history_cols(seqs, first_ids, constrained), penalty)
         early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]
         if early:  # min_tokens: no stop id yet
-            logits = logits.clone()
-            for j in early:
-                stops = [BAND] if constrained else [t for t in seqs[j].params.stop_ids if t < logits.shape[1]]
-                logits[j, stops] = float("-inf")
+            cells = [(j, col) for j in early
+                     for col in ([BAND] if constrained else [t for t in seqs[j].params.stop_ids if t < logits.shape[1]])]
+            if cells:
+                rows, cols = upload(cells, self.device).T
+                logits = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=self.device))
         params = SamplingBatch(
-            temperature=self._vec([s.params.temperature for s in seqs]),
-            top_k=torch.tensor([s.params.top_k for s in seqs], device=self.device),
-            top_p=self._vec([s.params.top_p for s in seqs]),
+            temperature=[s.params.temperature for s in seqs],
+            top_k=[s.params.top_k for s in seqs],
+            top_p=[s.params.top_p for s in seqs],
             generators=[s.generator for s in seqs],
         )
-        return sample(logits, params)
+        return draw(logits, params)
 
-    def _history_cols(self, seqs: list[Sequence], first_id: torch.Tensor, constrained: bool) -> torch.Tensor:
+    def _history_cols(self, seqs: list[Sequence], first_ids: list[int], constrained: bool) -> torch.Tensor:
         """(n, W) logits column of each recently generated token of each row; -1 where it has none."""
         width = max(len(s.generated_window) for s in seqs)
         if width == 0:
             return torch.empty(len(seqs), 0, dtype=torch.long, device=self.device)
-        hist = torch.tensor([[*s.generated_window] + [-1] * (width - len(s.generated_window)) for s in seqs],
-                            device=self.device)  # (n, W) token ids
-        cols = hist - first_id[:, None]
-        if not constrained:
-            return torch.where(hist >= 0, cols, -1)
-        cols = torch.where((cols >= 0) & (cols < BAND), cols, -1)
-        return torch.where(hist == orpheus.END_OF_SPEECH, BAND, cols)
 
-    def _vec(self, values: list[float]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.float32, device=self.device)
+        def col(token: int, first: int) -> int:
+            if not constrained:
+                return token
+            if token == orpheus.END_OF_SPEECH:
+                return BAND
+            return token - first if 0 <= token - first < BAND else -1
+
+        return upload([[col(t, first) for t in s.generated_window] + [-1] * (width - len(s.generated_window))
+                       for s, first in zip(seqs, first_ids, strict=True)], self.device)
 
     # --- postprocess ----------------------------------------------------------------------------
 
