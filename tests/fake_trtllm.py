@@ -132,8 +132,9 @@ class Request:
         self.input_token_ids, self.max_tokens, self.streaming = list(input_token_ids), max_tokens, streaming
         self.sampling_config = sampling_config or SamplingConfig()
         self.output_config = output_config or OutputConfig()
+        _int("client_id", client_id, 0, 2**64 - 1)
         self.end_id, self.pad_id, self.stop_words, self.priority = end_id, pad_id, stop_words, priority
-        self.logits_post_processor_name = logits_post_processor_name
+        self.logits_post_processor_name, self.client_id = logits_post_processor_name, client_id
 
 
 class SchedulerConfig:
@@ -277,6 +278,8 @@ class Executor:
         self.fail_next_await: BaseException | None = None
         self.post_processor_calls = 0
         self.lockstep = False  # True: an iteration runs only for a tick()
+        self.eager = False  # True: a queued request's first token is sampled at once, see enqueue_request
+        self._early: list[Response] = []
         self._ticks = 0
 
     def enqueue_request(self, request: Request) -> int:
@@ -287,7 +290,15 @@ class Executor:
                 raise RuntimeError("the executor is shut down")
             rid = next(self._ids)
             self.enqueued.append(request)
-            self._queue[rid] = _Running(request, rid, next(self._order), list(request.input_token_ids))
+            running = self._queue[rid] = _Running(request, rid, next(self._order), list(request.input_token_ids))
+            if self.eager:
+                # The real executor's own thread may pick the request up and run an iteration
+                # (post-processor included) before enqueue_request has returned its id: do that,
+                # from another thread, now.
+                running.scheduled = True
+                worker = threading.Thread(target=lambda: self._early.extend(self._run_batch([running])))
+                worker.start()
+                worker.join()
             self._cond.notify_all()
             return rid
 
@@ -334,17 +345,19 @@ class Executor:
             if self.lockstep:
                 if not self._ticks and not self._errors and not self._shut:
                     self._cond.wait(wait)
+            elif not self._queue and not self._errors and not self._shut:
+                self._cond.wait(wait)
+            if self.lockstep:  # (checked again: lockstep may have been switched on during the wait)
                 if not self._ticks:
                     return self._iterate(run_model=False)
                 self._ticks -= 1
-            elif not self._queue and not self._errors and not self._shut:
-                self._cond.wait(wait)
             return self._iterate()
 
     # --- one iteration of the fake model -----------------------------------------------------
 
     def _iterate(self, run_model: bool = True) -> list[Response]:
-        out = [Response(rid, msg) for rid, msg in self._errors]
+        out, self._early = self._early, []
+        out += [Response(rid, msg) for rid, msg in self._errors]
         for rid, _ in self._errors:
             self._queue.pop(rid, None)
         self._errors.clear()
@@ -363,16 +376,7 @@ class Executor:
             r.scheduled = True
             running.append(r)
         queued = len(self._queue) - len(running)
-        logits = [self._logits(r) for r in running]
-        batched = self.config.logits_post_processor_config
-        chosen = [r for r in running if r.request.logits_post_processor_name == Request.BATCHED_POST_PROCESSOR_NAME]
-        if chosen and batched is not None and batched.processor_batched is not None:
-            idx = [running.index(r) for r in chosen]
-            batched.processor_batched([r.id for r in chosen], [logits[i] for i in idx],
-                                      [[list(r.tokens)] for r in chosen], 0, [None] * len(chosen))
-            self.post_processor_calls += 1
-        for r, lg in zip(running, logits, strict=True):
-            out.append(self._advance(r, lg))
+        out += self._run_batch(running)
         self._iteration += 1
         self._stats.append(IterationStats(
             iter=self._iteration, iter_latency_ms=1.0, num_active_requests=len(running),
@@ -381,6 +385,20 @@ class Executor:
             inflight_batching_stats=InflightBatchingStats(num_scheduled_requests=len(running),
                                                           num_gen_requests=len(running))))
         return out
+
+    def _run_batch(self, running: list[_Running]) -> list[Response]:
+        """One token for each of ``running``: logits, the batched post-processor over the requests
+        that name it (as the executor calls it), sampling."""
+        logits = [self._logits(r) for r in running]
+        batched = self.config.logits_post_processor_config
+        chosen = [i for i, r in enumerate(running)
+                  if r.request.logits_post_processor_name == Request.BATCHED_POST_PROCESSOR_NAME]
+        if chosen and batched is not None and batched.processor_batched is not None:
+            batched.processor_batched([running[i].id for i in chosen], [logits[i] for i in chosen],
+                                      [[list(running[i].tokens)] for i in chosen], 0,
+                                      [running[i].request.client_id for i in chosen])
+            self.post_processor_calls += 1
+        return [self._advance(r, lg) for r, lg in zip(running, logits, strict=True)]
 
     def _logits(self, r: _Running) -> torch.Tensor:
         seed = r.request.sampling_config.seed or 0

@@ -256,6 +256,34 @@ def test_constrained_requests_emit_only_valid_codes_for_each_frame_slot(engine):
     assert engine.executor.post_processor_calls > 0 and engine.constraint.requests == {}
 
 
+def test_the_first_token_is_constrained_even_when_the_executor_samples_it_before_enqueue_returns(engine):
+    """The executor's thread may run a new request's first iteration before ``enqueue_request`` has
+    returned its id (the fake's eager mode does exactly that, from another thread): the constraint
+    knows the request by its client id, registered before enqueueing, so the first token is
+    already a code of frame slot 0."""
+    engine.executor.eager = True
+    for i in range(4):  # the engine's capacity
+        assert engine.add(req(f"e{i}", max_tokens=8, min_tokens=8, seed=20 + i))
+        assert engine.executor.enqueued[-1].client_id is not None
+        assert engine.executor.post_processor_calls == i + 1  # its first iteration ran before add returned
+    out = run(engine)
+    for i in range(4):
+        first, *rest = tokens(out[f"e{i}"])
+        assert orpheus.AUDIO_TOKEN_OFFSET <= first < orpheus.AUDIO_TOKEN_OFFSET + 4096  # frame slot 0
+        assert len(rest) == 7
+    assert engine.constraint.requests == {}
+
+
+def test_a_request_the_executor_refuses_leaves_no_constraint_behind(engine, monkeypatch):
+    def refuse(request):
+        raise RuntimeError("[TensorRT-LLM][ERROR] cannot enqueue")
+
+    monkeypatch.setattr(engine.executor, "enqueue_request", refuse)
+    with pytest.raises(RuntimeError, match="cannot enqueue"):
+        engine.add(req("x"))
+    assert engine.constraint.requests == {} and not engine.has_work()
+
+
 def test_constrain_logits_keeps_the_slot_band_and_end_of_speech_only_at_a_boundary():
     for k, allow, stop_kept in ((0, True, True), (7, False, False), (3, True, False)):
         logits = torch.randn(1, 1, orpheus.VOCAB_SIZE)
@@ -272,9 +300,9 @@ def test_the_constraint_waits_for_start_of_speech_when_the_prompt_lacks_it():
     c = AudioConstraint()
     c.register(9, [1, 2, 3], min_tokens=0)
     logits = torch.zeros(1, 1, orpheus.VOCAB_SIZE)
-    c([9], [logits], [[[1, 2, 3, 50]]], 0)
+    c([40], [logits], [[[1, 2, 3, 50]]], 0, [9])  # (executor ids, logits, beam tokens, stream, client ids)
     assert torch.isfinite(logits).all()  # free before start-of-speech
-    c([9], [logits], [[[1, 2, 3, 50, orpheus.START_OF_SPEECH, orpheus.AUDIO_TOKEN_OFFSET + 5]]], 0)
+    c([40], [logits], [[[1, 2, 3, 50, orpheus.START_OF_SPEECH, orpheus.AUDIO_TOKEN_OFFSET + 5]]], 0, [9])
     finite = torch.isfinite(logits[0, 0]).nonzero().flatten()
     assert finite.min() == orpheus.AUDIO_TOKEN_OFFSET + 4096 and len(finite) == 4096  # audio index 1 -> slot 1
 

@@ -35,6 +35,7 @@ request each iteration, so ``step(order)`` accepts the scheduler's order and ign
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import random
@@ -124,23 +125,28 @@ class _Constrained:
 class AudioConstraint:
     """The executor's ``LogitsPostProcessorBatched``: ``(req_ids, logits, beam_tokens, stream_ptr,
     client_ids)``; ``logits[i]`` is (1, beam, vocab) on the GPU and ``beam_tokens[i][0]`` holds the
-    prompt and the tokens generated so far (``LlmRequest::getTokens``). It runs on the executor's
-    thread; requests are registered and dropped from the engine thread (a dict; the GIL orders them)."""
+    prompt and the tokens generated so far (``LlmRequest::getTokens``).
+
+    Requests are known by their ``client_id`` (Lyre's own number for the request, set on the
+    executor ``Request``), registered BEFORE ``enqueue_request``: the executor's own thread may
+    sample a request's first token before ``enqueue_request`` even returns its executor id, and
+    that token must be constrained too. Registered and dropped from the engine thread, read from
+    the executor's (single dict operations; the GIL orders them)."""
 
     def __init__(self) -> None:
         self.requests: dict[int, _Constrained] = {}
 
-    def register(self, exec_id: int, prompt_ids: list[int], min_tokens: int) -> None:
+    def register(self, client_id: int, prompt_ids: list[int], min_tokens: int) -> None:
         start = len(prompt_ids) if prompt_ids[-1] == orpheus.START_OF_SPEECH else None
-        self.requests[exec_id] = _Constrained(len(prompt_ids), min_tokens, start, scanned=len(prompt_ids))
+        self.requests[client_id] = _Constrained(len(prompt_ids), min_tokens, start, scanned=len(prompt_ids))
 
-    def drop(self, exec_id: int) -> None:
-        self.requests.pop(exec_id, None)
+    def drop(self, client_id: int) -> None:
+        self.requests.pop(client_id, None)
 
-    def __call__(self, req_ids, logits_list, beam_tokens, stream_ptr, client_ids=None) -> None:
+    def __call__(self, req_ids, logits_list, beam_tokens, stream_ptr, client_ids) -> None:
         rows = []
-        for exec_id, logits, beams in zip(req_ids, logits_list, beam_tokens, strict=True):
-            state = self.requests.get(exec_id)
+        for client_id, logits, beams in zip(client_ids, logits_list, beam_tokens, strict=True):
+            state = self.requests.get(client_id) if client_id is not None else None
             if state is None:
                 continue
             tokens = beams[0]
@@ -171,6 +177,7 @@ class AudioConstraint:
 @dataclass
 class _InFlight:
     request: GenerationRequest
+    client_id: int  # Lyre's number for it, on the executor Request (keys the audio constraint)
     exec_id: int
     generated: int = 0
     cancelled: bool = False
@@ -222,6 +229,7 @@ class TrtllmEngine:
         self._by_exec: dict[int, _InFlight] = {}
         self._cancelled: list[_InFlight] = []
         self._failed: str | None = None
+        self._client_ids = itertools.count(1)
         self._iter = _IterationView()
         self.total_requests = self.total_tokens = 0
         self._running = True
@@ -260,16 +268,22 @@ class TrtllmEngine:
         request.sampling.validate()
         if len(self._live) >= self.capacity:
             return False
-        exec_id = self.executor.enqueue_request(self.to_executor_request(request))
-        flight = _InFlight(request, exec_id)
+        client_id = next(self._client_ids)
+        executor_request = self.to_executor_request(request, client_id)
+        if request.sampling.constrain_audio:  # before enqueueing: see AudioConstraint
+            self.constraint.register(client_id, list(ids), request.sampling.min_tokens)
+        try:
+            exec_id = self.executor.enqueue_request(executor_request)
+        except BaseException:
+            self.constraint.drop(client_id)
+            raise
+        flight = _InFlight(request, client_id, exec_id)
         self._live[request.request_id] = flight
         self._by_exec[exec_id] = flight
-        if request.sampling.constrain_audio:
-            self.constraint.register(exec_id, list(ids), request.sampling.min_tokens)
         self.total_requests += 1
         return True
 
-    def to_executor_request(self, request: GenerationRequest) -> Any:
+    def to_executor_request(self, request: GenerationRequest, client_id: int) -> Any:
         """The executor ``Request`` for ``request`` (pure translation; no executor call)."""
         tle, p = self.tle, request.sampling
         greedy = p.temperature == 0
@@ -295,6 +309,7 @@ class TrtllmEngine:
             stop_words=stop_words or None,
             priority=executor_priority(request.priority),
             logits_post_processor_name=tle.Request.BATCHED_POST_PROCESSOR_NAME if p.constrain_audio else None,
+            client_id=client_id,
         )
 
     def cancel(self, request_id: str) -> None:
@@ -376,7 +391,7 @@ class TrtllmEngine:
                 tokens: list[int] | None = None) -> TokenDelta:
         self._live.pop(flight.request.request_id, None)
         self._by_exec.pop(flight.exec_id, None)
-        self.constraint.drop(flight.exec_id)
+        self.constraint.drop(flight.client_id)
         if reason == "error" and error is None:
             error = "the executor timed out the request"
         return TokenDelta(flight.request.request_id, tokens or [], finished=True, finish_reason=reason, error=error)
