@@ -1,14 +1,25 @@
 #!/usr/bin/env bash
-# Sets up Lyre from a clean clone: creates .venv, installs the project with its dev extra (a CPU
-# build of torch where no NVIDIA GPU is present; the trt extra, TensorRT-LLM 1.2 from NVIDIA's
-# package index, where nvidia-smi sees a GPU and the Python version has its wheels: 3.10 or 3.12),
-# then prepares the default model (the demo checkpoint when no real weights are configured or cached).
+# Sets up Lyre from a clean clone: creates .venv, installs the project with its dev extra, then
+# prepares the default model (the demo checkpoint when no real weights are configured or cached).
+#
+# Where no NVIDIA GPU is present: a CPU build of torch, no TensorRT-LLM.
+# Where nvidia-smi sees a GPU (and Python is 3.10 or 3.12, the versions TensorRT-LLM 1.2.1 has
+# wheels for): NVIDIA's documented pip route for TensorRT-LLM 1.2.1. It checks that the driver
+# supports CUDA 13 and that MPI is present (stopping with what to install when not), installs
+# torch 2.9.1 built for CUDA 13.0 from PyTorch's cu130 index, then the project with its dev and
+# trt extras (tensorrt-llm==1.2.1 from https://pypi.nvidia.com), torch held at that build.
+# pyproject.toml's ranges intersect TensorRT-LLM 1.2.1's published requirements
+# (tests/test_install.py checks them against tests/trtllm_api/requirements-1.2.1.json).
 #
 # Idempotent: a second run with nothing changed only checks and takes seconds.
 # Environment:
-#   PYTHON            interpreter to build .venv with (default: python3; must be 3.10-3.12)
-#   LYRE_TORCH_SPEC   torch requirement on CPU-only machines (default: torch==2.13.0)
-#   LYRE_TORCH_INDEX  extra package index holding CPU torch wheels, if your default index has none
+#   PYTHON               interpreter to build .venv with (default: python3; must be 3.10-3.12)
+#   LYRE_TORCH_SPEC      torch requirement on CPU-only machines (default: torch==2.13.0)
+#   LYRE_TORCH_INDEX     extra package index holding CPU torch wheels, if your default index has none
+#   LYRE_TRT             auto (default): TensorRT-LLM where a GPU is seen; off: never (a GPU machine then
+#                        gets torch from the default index and the PyTorch backend)
+#   LYRE_GPU_TORCH_SPEC  torch for TensorRT-LLM (default: torch==2.9.1, inside tensorrt-llm 1.2.1's range)
+#   LYRE_GPU_TORCH_INDEX its index (default: https://download.pytorch.org/whl/cu130)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
@@ -23,23 +34,40 @@ case "$pyver" in
   *) fail "Python $pyver is not supported (3.10-3.12); set PYTHON to a supported interpreter" ;;
 esac
 
+TRT_VERSION=1.2.1
+TRT_CUDA_MAJOR=13
+gpu_torch_spec=${LYRE_GPU_TORCH_SPEC:-torch==2.9.1}
+gpu_torch_index=${LYRE_GPU_TORCH_INDEX:-https://download.pytorch.org/whl/cu130}
+
 gpu=no
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q "GPU"; then
   gpu=yes
 fi
 extras=dev
-if [ "$gpu" = yes ]; then
+if [ "$gpu" = yes ] && [ "${LYRE_TRT:-auto}" != off ]; then
   case "$pyver" in
     3.10|3.12) extras=dev,trt ;;
-    *) say "an NVIDIA GPU is present but TensorRT-LLM 1.2 has no wheels for Python $pyver (3.10 and 3.12 only):" \
-         "installing without the trt extra; the PyTorch backend will be used" ;;
+    *) say "an NVIDIA GPU is present but TensorRT-LLM $TRT_VERSION has no wheels for Python $pyver (3.10 and 3.12 only):" \
+         "installing without the trt extra; the PyTorch backend will be used (PYTHON=python3.12 ./setup.sh for TensorRT-LLM)" ;;
   esac
+fi
+if [ "$extras" = dev,trt ]; then
+  # NVIDIA's prerequisites for the TensorRT-LLM $TRT_VERSION wheels: a driver for CUDA 13, and MPI.
+  cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
+  [ -n "$cuda" ] || fail "nvidia-smi does not report the CUDA version its driver supports; TensorRT-LLM $TRT_VERSION" \
+    "needs CUDA $TRT_CUDA_MAJOR. Check the NVIDIA driver, or LYRE_TRT=off ./setup.sh for the PyTorch backend"
+  [ "${cuda%%.*}" -ge "$TRT_CUDA_MAJOR" ] || fail "TensorRT-LLM $TRT_VERSION needs CUDA $TRT_CUDA_MAJOR; this driver supports" \
+    "CUDA $cuda. Install an NVIDIA driver for CUDA $TRT_CUDA_MAJOR (580 or newer), or LYRE_TRT=off ./setup.sh for the PyTorch backend"
+  if ! { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q 'libmpi\.so'; then
+    fail "TensorRT-LLM $TRT_VERSION needs MPI and no libmpi.so is installed: sudo apt-get install -y libopenmpi-dev" \
+      "(then ./setup.sh again), or LYRE_TRT=off ./setup.sh for the PyTorch backend"
+  fi
 fi
 torch_spec=${LYRE_TORCH_SPEC:-torch==2.13.0}
 
 log=.venv/setup.log
 stamp_file=.venv/.lyre-setup-stamp
-stamp=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)-$pyver-$gpu-$extras-$torch_spec-${LYRE_TORCH_INDEX:-}
+stamp=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)-$pyver-$gpu-$extras-$torch_spec-${LYRE_TORCH_INDEX:-}-$gpu_torch_spec
 
 pip_install() {
   # Quiet pip, with its whole log kept in .venv/setup.log and shown on failure.
@@ -58,28 +86,31 @@ else
     "$PYTHON" -m venv .venv || fail "could not create .venv (on Debian/Ubuntu: apt-get install python3-venv)"
   fi
   : >"$log"
-  if [ "$gpu" = no ]; then
+  install_args=()
+  if [ "$extras" = dev,trt ]; then
+    say "NVIDIA GPU found (driver for CUDA $cuda): NVIDIA's pip route for TensorRT-LLM $TRT_VERSION (several GB)"
+    say "installing $gpu_torch_spec from $gpu_torch_index"
+    pip_install "$gpu_torch_spec" torchvision --index-url "$gpu_torch_index" \
+      || fail "could not install $gpu_torch_spec from $gpu_torch_index (see $log)"
+    # TensorRT-LLM's wheels live on NVIDIA's index; torch stays the CUDA 13 build just installed.
+    .venv/bin/python -c "import torch; print('torch==' + torch.__version__)" >.venv/trt-constraints.txt
+    install_args=(--extra-index-url https://pypi.nvidia.com -c .venv/trt-constraints.txt)
+  elif [ "$gpu" = no ]; then
     say "no NVIDIA GPU: installing the CPU build of torch ($torch_spec); the TensorRT-LLM backend (trt extra) is skipped"
     index_args=()
     [ -n "${LYRE_TORCH_INDEX:-}" ] && index_args=(--extra-index-url "$LYRE_TORCH_INDEX")
     pip_install "${index_args[@]}" "$torch_spec" || fail "could not install $torch_spec; set LYRE_TORCH_SPEC or LYRE_TORCH_INDEX"
   else
-    say "NVIDIA GPU found: torch comes with the project's requirements ($extras)"
-  fi
-  extra_index=()
-  if [ "$extras" = dev,trt ]; then
-    # TensorRT-LLM's wheels live on NVIDIA's index (PyPI has only a stub that redirects there).
-    say "installing the trt extra: TensorRT-LLM 1.2 from https://pypi.nvidia.com (several GB; needs MPI: libopenmpi-dev)"
-    extra_index=(--extra-index-url https://pypi.nvidia.com)
+    say "NVIDIA GPU found, without TensorRT-LLM: torch comes with the project's requirements ($extras)"
   fi
   say "installing lyre with extras [$extras] (log: $log)"
-  pip_install "${extra_index[@]}" -e ".[$extras]" || fail "could not install the project's dependencies"
+  pip_install "${install_args[@]}" -e ".[$extras]" || fail "could not install the project's dependencies"
   if [ "$extras" = dev,trt ]; then
     if trt_version=$(.venv/bin/python -c "import tensorrt_llm; print(tensorrt_llm.__version__)" 2>>"$log"); then
       say "TensorRT-LLM $trt_version installed: build an engine with python build_engine.py (model.backend auto then uses it)"
     else
-      say "warning: TensorRT-LLM installed but does not import (see $log; often a missing libmpi: apt-get install" \
-          "libopenmpi-dev): the server will use the PyTorch backend"
+      say "warning: TensorRT-LLM installed but does not import (see the end of $log): the server will use the" \
+          "PyTorch backend"
     fi
   fi
   echo "$stamp" >"$stamp_file"
