@@ -12,9 +12,10 @@ import sys
 import pytest
 
 from lyre import demo, orpheus
-from lyre.build import BuildError, format_plan, plan_build, records_to_text, write_calibration_set
+from lyre.build import BuildError, format_plan, plan_build
+from lyre.calibration import records_to_text, write_calibration_set
 from lyre.config import load_config
-from lyre.engine.backend import Environment
+from lyre.engine.backend import Environment, Manifest
 
 from .conftest import CONFIG_PATH, REPO_ROOT
 
@@ -153,3 +154,65 @@ def test_backend_torch_downloads_and_verifies_the_checkpoint(demo_dir, tmp_path)
         assert out.returncode == 1 and "config.json implies" in out.stderr
     out = build_engine(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty"), "HF_ENDPOINT": "http://127.0.0.1:9"})
     assert out.returncode == 1 and "cannot download org/orpheus-mini" in out.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# the TensorRT-LLM call, against FAKE LLM API classes held to a snapshot of 1.2.1's fields
+
+
+def test_the_build_passes_tensorrt_llm_only_arguments_its_classes_have(tmp_path, demo_dir):
+    from lyre.build import BUILD_KV_CACHE_FRACTION, build_trtllm_engine, llm_arguments
+
+    from . import fake_llmapi
+
+    cfg = load_config(None, {"model.path": str(demo_dir / "llama"), "build.engine_dir": str(tmp_path / "engine"),
+                             "build.quantization": "fp16"})
+    plan = plan_build(cfg, H100)
+    manifest = build_trtllm_engine(cfg, plan, progress=False, api=fake_llmapi.api())
+    llm = fake_llmapi.LLM.instances[-1]
+    bc = llm.kwargs["build_config"]
+    assert (bc.max_batch_size, bc.max_seq_len, bc.max_input_len, bc.max_num_tokens) == (32, 4096, 1024, 8192)
+    assert bc.plugin_config.use_paged_context_fmha is True
+    assert llm.kwargs["kv_cache_config"].free_gpu_memory_fraction == BUILD_KV_CACHE_FRACTION  # not 0.9
+    assert llm.kwargs["dtype"] == "float16" and "quant_config" not in llm.kwargs
+    assert llm.saved_to == tmp_path / "engine" and llm.shut_down
+    assert Manifest.read(tmp_path / "engine").model_sha256 == manifest.model_sha256
+    assert not (tmp_path / ".engine.building").exists()
+
+    fp8 = plan_build(load_config(None, {"model.path": str(demo_dir / "llama")}), H100)
+    calibration = {"dataset": str(tmp_path / "calibration"), "samples": 256, "max_seq_length": 310}
+    args = llm_arguments(fake_llmapi.api(), cfg, fp8, demo_dir / "llama", calibration)
+    assert args["quant_config"].quant_algo == fake_llmapi.QuantAlgo.FP8 and args["quant_config"].kv_cache_quant_algo is None
+    calib = args["calib_config"]
+    assert (calib.calib_dataset, calib.calib_batches, calib.calib_max_seq_length) == (str(tmp_path / "calibration"), 256, 310)
+    assert "cnn_dailymail" not in calib.calib_dataset  # a name the loader would treat as its own dataset
+    fake_llmapi.LLM(**args)  # every argument is a TrtLlmArgs field of the right type
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_calib_config_is_the_class_trtllmargs_is_typed_with(monkeypatch, moved):
+    """1.2.1 defines CalibConfig in tensorrt_llm.llmapi.llm_args (and re-exports it); a release
+    without it there falls back to the re-export. Module layout as the snapshot records it."""
+    import types
+
+    from lyre.build import load_llmapi
+
+    from . import fake_llmapi
+
+    defined = type("CalibConfig", (), {})
+    modules = {"tensorrt_llm": types.ModuleType("tensorrt_llm"),
+               "tensorrt_llm._tensorrt_engine": types.ModuleType("tensorrt_llm._tensorrt_engine"),
+               "tensorrt_llm.llmapi": types.ModuleType("tensorrt_llm.llmapi"),
+               "tensorrt_llm.llmapi.llm_args": types.ModuleType("tensorrt_llm.llmapi.llm_args")}
+    modules["tensorrt_llm"].__version__ = "1.2.1"
+    layout = fake_llmapi.SNAPSHOT["modules"]
+    for module, names in layout.items():
+        for name in names:
+            setattr(modules[module], name, defined if name == "CalibConfig" else getattr(fake_llmapi, name, object()))
+    if moved:
+        modules["tensorrt_llm.llmapi"].CalibConfig = fake_llmapi.CalibConfig
+        del modules["tensorrt_llm.llmapi.llm_args"]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    api = load_llmapi()
+    assert api.CalibConfig is (fake_llmapi.CalibConfig if moved else defined) and api.version == "1.2.1"

@@ -99,6 +99,20 @@ def test_pyproject_ranges_intersect_tensorrt_llm_1_2_1_requirements(python):
     assert not conflicts, "pyproject.toml no longer installs beside tensorrt-llm 1.2.1:\n" + "\n".join(conflicts)
 
 
+# Requirements of our dependencies that meet TensorRT-LLM's: the last release of each that cannot
+# install beside tensorrt-llm 1.2.1 (read from their wheels' METADATA on PyPI: up to 1.71.x they pin
+# protobuf<6, and tensorrt-llm needs protobuf>=6.33.5).
+TRANSITIVE_CONFLICTS = {"grpcio-tools": "1.71.2", "grpcio-health-checking": "1.71.2", "grpcio-reflection": "1.71.2"}
+
+
+@pytest.mark.parametrize("python", GPU_PYTHONS)
+def test_pyproject_excludes_dependency_releases_that_pin_against_tensorrt_llm(python):
+    ours = requirements_for(python, lyre_gpu_requirements(), extras=("", "dev", "trt"))
+    admitted = [f"{name} {ours[name]} admits {last}" for name, last in TRANSITIVE_CONFLICTS.items()
+                if ours[name].contains(last, prereleases=True)]
+    assert not admitted
+
+
 def test_setup_installs_a_torch_tensorrt_llm_accepts_from_the_cuda_13_index():
     theirs = requirements_for("3.12", json.loads(SNAPSHOT.read_text())["requires_dist"])
     spec = setup_default("gpu_torch_spec")

@@ -1,41 +1,37 @@
-"""The offline engine build behind ``build_engine.py``: plan, calibration set, TensorRT-LLM build, manifest.
+"""The offline engine build behind ``build_engine.py``: plan, TensorRT-LLM build, manifest
+(the FP8 calibration set is :mod:`lyre.calibration`).
 
 Everything up to the TensorRT-LLM call runs anywhere (the plan, the checks, the calibration set,
 the manifest) and is tested on CPU. :func:`build_trtllm_engine` itself is NOT YET RUN ON A GPU BY
-THIS PROJECT: it was written against TensorRT-LLM 1.2's ``tensorrt_llm._tensorrt_engine.LLM``
+THIS PROJECT: it was written against TensorRT-LLM 1.2.1's ``tensorrt_llm._tensorrt_engine.LLM``
 (``BuildConfig``, ``QuantConfig(quant_algo=FP8)``, ``CalibConfig`` with a local dataset
-directory, ``llm.save``) from its sources and examples.
-
-FP8 calibration uses what Orpheus really sees: the serving prompt of each built-in voice over
-sample sentences, each followed by audio tokens the model itself generates for it (the PyTorch
-engine, seeded and constrained), written as text that the model's tokenizer turns back into
-exactly those ids (checked), because TensorRT-LLM's calibration loader reads a ``text`` column.
+directory, a small ``KvCacheConfig``, ``llm.save``) from its sources; ``tests/test_build.py``
+holds the arguments to a snapshot of those classes' fields (``tests/trtllm_api/``).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import logging
 import shutil
-from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from lyre import __version__, checkpoint, orpheus
+from lyre import __version__, checkpoint
+from lyre.calibration import CONTINUATION_TOKENS, write_calibration_set
 from lyre.config import LyreConfig
 from lyre.engine.backend import MANIFEST_NAME, Environment, Manifest, hash_files
+from lyre.errors import BuildError
+
+__all__ = ["BuildError", "BuildPlan", "build_trtllm_engine", "format_plan", "plan_build", "prepare_torch"]
 
 log = logging.getLogger("lyre.build")
 
 QUANT_DTYPE = {"fp16": "float16", "bf16": "bfloat16"}
 BF16_MIN_CAPABILITY = (8, 0)
-
-
-class BuildError(RuntimeError):
-    """The build cannot go ahead; the message says why and what to do."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,98 +151,6 @@ def format_plan(plan: BuildPlan) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# the calibration set
-
-CONTINUATION_TOKENS = 7 * 24  # 24 frames, ~2 s of audio after each prompt
-
-
-def calibration_prompts(tokenizer: Any, voices: tuple[str, ...] | list[str], n: int) -> list[list[int]]:
-    """``n`` serving prompts: the sample sentences (split as the server splits them), voices in turn."""
-    from lyre.benchmarks.load import TEXT_SETS
-    from lyre.text import MAX_SEGMENT_CHARS, split_text
-
-    segments = [s for texts in TEXT_SETS.values() for t in texts for s in split_text(t, MAX_SEGMENT_CHARS)]
-    return [orpheus.build_prompt_ids(tokenizer, segments[i % len(segments)], voices[i % len(voices)])
-            for i in range(n)]
-
-
-def generate_continuations(
-    prompts: list[list[int]], model_dir: Path, tokens: int, device: str, progress: bool = True, seed: int = 1234
-) -> list[list[int]]:
-    """Audio tokens the model itself generates after each prompt (PyTorch engine, batched, seeded)."""
-    import torch
-    from tqdm import tqdm
-
-    from lyre.engine.base import GenerationRequest, SamplingParams
-    from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
-
-    dtype = torch.float16 if device == "cuda" else torch.float32
-    longest = max(len(p) for p in prompts)
-    engine = TorchEngine.from_checkpoint(model_dir, TorchEngineConfig(
-        slots=min(32, len(prompts)), max_batch_size=min(32, len(prompts)), max_seq_len=longest + tokens + 8,
-        max_prefill_tokens=2048, device=device, dtype=dtype, kv_dtype=dtype))
-    out: dict[str, list[int]] = {}
-    waiting = deque(GenerationRequest(f"c{i}", p, SamplingParams(max_tokens=tokens, min_tokens=tokens, seed=seed + i))
-                    for i, p in enumerate(prompts))
-    with tqdm(total=len(prompts) * tokens, unit="tok", desc="calibration audio", disable=not progress) as bar:
-        while waiting or engine.has_work():
-            while waiting and engine.add(waiting[0]):  # as slots come free
-                waiting.popleft()
-            for d in engine.step():
-                out.setdefault(d.request_id, []).extend(d.token_ids)
-                bar.update(len(d.token_ids))
-    del engine
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return [out.get(f"c{i}", []) for i in range(len(prompts))]
-
-
-def records_to_text(tokenizer: Any, records: list[list[int]]) -> list[str]:
-    """Each id sequence as text the tokenizer encodes back to exactly those ids (BuildError if not)."""
-    texts = []
-    for n, ids in enumerate(records):
-        text = tokenizer.decode(ids, skip_special_tokens=False)
-        back = tokenizer.encode(text, add_special_tokens=False).ids
-        if back != ids:
-            at = next((i for i, (a, b) in enumerate(zip(back, ids, strict=False)) if a != b), min(len(back), len(ids)))
-            raise BuildError(
-                f"calibration record {n} does not survive the tokenizer: token {at} is "
-                f"{ids[at] if at < len(ids) else 'end'} but re-encodes as {back[at] if at < len(back) else 'end'}. "
-                f"The model's tokenizer.json must name every Orpheus special and audio token"
-            )
-        texts.append(text)
-    return texts
-
-
-def write_calibration_set(
-    out_dir: Path, cfg: LyreConfig, model_dir: Path, device: str, progress: bool = True,
-    generate: Callable[..., list[list[int]]] = generate_continuations,
-) -> dict[str, Any]:
-    """Write ``out_dir/train.jsonl`` (a ``text`` column, as TensorRT-LLM's loader reads a local
-    dataset directory); return what the manifest records about it."""
-    tokenizer = checkpoint.load_tokenizer(model_dir)
-    n = cfg.build.calibration_samples
-    prompts = calibration_prompts(tokenizer, cfg.model.voices, n)
-    continuations = generate(prompts, model_dir, CONTINUATION_TOKENS, device, progress)
-    records = [p + c for p, c in zip(prompts, continuations, strict=True)]
-    texts = records_to_text(tokenizer, records)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with (out_dir / "train.jsonl").open("w") as f:
-        for t in texts:
-            f.write(json.dumps({"text": t}) + "\n")
-    longest = max(len(r) for r in records)
-    audio = sum(1 for c in continuations for t in c if orpheus.AUDIO_TOKEN_OFFSET <= t < orpheus.AUDIO_ID_END)
-    return {
-        "samples": n,
-        "voices": list(cfg.model.voices),
-        "continuation_tokens": CONTINUATION_TOKENS,
-        "audio_tokens": audio,
-        "max_seq_length": longest + 1,  # the loader's tokenizer adds a BOS
-        "dataset": str(out_dir),
-    }
-
-
-# --------------------------------------------------------------------------------------------
 # the build (GPU)
 
 
@@ -270,12 +174,63 @@ def resolve_checkpoint(cfg: LyreConfig) -> tuple[Path, str]:
     return path, path.name if path.parent.name == "snapshots" else cfg.model.revision
 
 
-def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True) -> Manifest:
-    """Run the build. NOT YET RUN ON A GPU BY THIS PROJECT (see the module doc)."""
+BUILD_KV_CACHE_FRACTION = 0.05  # the build-time LLM starts an executor it never uses: a small KV cache
+
+
+def load_llmapi() -> SimpleNamespace:
+    """The TensorRT-LLM 1.2.1 classes the build uses (imports only here: the library is optional).
+
+    ``CalibConfig`` comes from ``tensorrt_llm.llmapi.llm_args``, the module that defines it and
+    types ``TrtLlmArgs.calib_config`` with it (``tensorrt_llm.llmapi`` re-exports the same
+    object), falling back to ``tensorrt_llm.llmapi`` should a release move it."""
     import tensorrt_llm
     from tensorrt_llm._tensorrt_engine import LLM
-    from tensorrt_llm.llmapi import BuildConfig, CalibConfig, QuantAlgo, QuantConfig
+    from tensorrt_llm.llmapi import BuildConfig, KvCacheConfig, QuantAlgo, QuantConfig
 
+    try:
+        from tensorrt_llm.llmapi.llm_args import CalibConfig
+    except ImportError:  # pragma: no cover - a release that moved it
+        from tensorrt_llm.llmapi import CalibConfig
+    return SimpleNamespace(version=tensorrt_llm.__version__, LLM=LLM, BuildConfig=BuildConfig, CalibConfig=CalibConfig,
+                           KvCacheConfig=KvCacheConfig, QuantAlgo=QuantAlgo, QuantConfig=QuantConfig)
+
+
+def llm_arguments(api: SimpleNamespace, cfg: LyreConfig, plan: BuildPlan, model_dir: Path,
+                  calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """Keyword arguments of the build-time ``LLM`` (``TrtLlmArgs`` fields): the build limits, a
+    small KV cache, and for FP8 the quantization and the calibration set written to
+    ``calibration["dataset"]``."""
+    b = cfg.build
+    build_config = api.BuildConfig(
+        max_batch_size=b.max_batch_size,
+        max_seq_len=b.max_seq_len,  # explicit: unset, TensorRT-LLM deduces it from the model (131072 for Orpheus)
+        max_input_len=b.max_input_len,
+        max_num_tokens=b.max_num_tokens,
+    )
+    build_config.plugin_config.use_paged_context_fmha = b.use_paged_context_fmha
+    kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "dtype": plan.dtype,
+        "build_config": build_config,
+        # LLM(...) starts an executor after building (and allocates its KV cache, 90% of free
+        # memory by default); the build only saves the engine
+        "kv_cache_config": api.KvCacheConfig(free_gpu_memory_fraction=BUILD_KV_CACHE_FRACTION),
+    }
+    if plan.quantization == "fp8":
+        assert calibration is not None
+        # kv_cache_quant_algo unset: the KV cache stays 16-bit
+        kwargs["quant_config"] = api.QuantConfig(quant_algo=api.QuantAlgo.FP8)
+        kwargs["calib_config"] = api.CalibConfig(calib_dataset=calibration["dataset"],
+                                                 calib_batches=calibration["samples"],
+                                                 calib_max_seq_length=calibration["max_seq_length"])
+    return kwargs
+
+
+def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True,
+                        api: SimpleNamespace | None = None) -> Manifest:
+    """Run the build. NOT YET RUN ON A GPU BY THIS PROJECT (see the module doc); ``api`` stands in
+    for :func:`load_llmapi` in tests."""
+    api = api or load_llmapi()
     say = print if progress else log.info
     say("[1/5] resolving the checkpoint")
     model_dir, revision = resolve_checkpoint(cfg)
@@ -288,25 +243,14 @@ def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True)
     work = plan.engine_dir.parent / f".{plan.engine_dir.name}.building"
     shutil.rmtree(work, ignore_errors=True)
     calibration: dict[str, Any] = {"samples": 0}
-    quant_config = calib_config = None
     if plan.quantization == "fp8":
         say(f"[3/5] building the calibration set ({b.calibration_samples} prompts)")
         calibration = write_calibration_set(work / "calibration", cfg, model_dir, "cuda", progress)
-        quant_config = QuantConfig(quant_algo=QuantAlgo.FP8)  # kv_cache_quant_algo unset: the KV cache stays 16-bit
-        calib_config = CalibConfig(calib_dataset=str(work / "calibration"), calib_batches=b.calibration_samples,
-                                   calib_max_seq_length=calibration["max_seq_length"])
     else:
         say(f"[3/5] no calibration ({plan.quantization} weights)")
 
-    build_config = BuildConfig()
-    build_config.max_batch_size = b.max_batch_size
-    build_config.max_seq_len = b.max_seq_len  # explicit: the default is 131072
-    build_config.max_input_len = b.max_input_len
-    build_config.max_num_tokens = b.max_num_tokens
-    build_config.plugin_config.use_paged_context_fmha = b.use_paged_context_fmha
-    say(f"[4/5] quantizing and building with TensorRT-LLM {tensorrt_llm.__version__} (this takes minutes)")
-    llm = LLM(model=str(model_dir), dtype=plan.dtype, build_config=build_config,
-              quant_config=quant_config, calib_config=calib_config)
+    say(f"[4/5] quantizing and building with TensorRT-LLM {api.version} (this takes minutes)")
+    llm = api.LLM(**llm_arguments(api, cfg, plan, model_dir, calibration if plan.quantization == "fp8" else None))
     try:
         say(f"[5/5] saving to {plan.engine_dir}")
         if plan.engine_dir.exists():
@@ -318,7 +262,7 @@ def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True)
     env = plan.environment
     manifest = Manifest(
         model_source=plan.model, model_revision=revision, model_sha256=digest,
-        tensorrt_llm_version=env.tensorrt_llm_version or tensorrt_llm.__version__,
+        tensorrt_llm_version=env.tensorrt_llm_version or api.version,
         tensorrt_version=env.tensorrt_version or "", gpu_name=env.gpu_name or "",
         compute_capability=list(env.compute_capability or ()), quantization=plan.quantization,
         kv_cache_dtype=plan.dtype, build={**plan.build, "model": model_summary(model_dir)},

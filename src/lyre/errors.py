@@ -58,6 +58,10 @@ class SynthesisFailed(LyreError):
     code = "synthesis_failed"
 
 
+class BuildError(RuntimeError):
+    """The offline engine build cannot go ahead; the message says why and what to do."""
+
+
 def shorten(value: object, limit: int = 40) -> str:
     """``repr(value)`` cut to ``limit`` characters, for echoing client input in an error message."""
     text = repr(value)
