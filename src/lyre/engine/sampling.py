@@ -132,10 +132,12 @@ def _in_nucleus(probs: torch.Tensor, p_cand: torch.Tensor, top_p: torch.Tensor) 
     by_p = p_cand.sort(dim=1, descending=True).values  # (B, R)
     lo = torch.zeros(len(p_cand), dtype=torch.long, device=p_cand.device)  # members known
     hi = torch.full_like(lo, rounds)  # members at most
+    above, more_likely = torch.empty_like(probs), torch.empty_like(probs, dtype=torch.bool)  # reused by each pass
     for _ in range(math.ceil(math.log2(rounds + 1))):
         mid = (lo + hi + 1) // 2  # is the mid-th most likely candidate a member?
         x = by_p.gather(1, (mid - 1).clamp(min=0)[:, None])  # (B, 1)
-        member = (probs * (probs > x)).sum(dim=-1) < top_p  # (B,) mass above x
+        torch.gt(probs, x, out=more_likely)
+        member = torch.mul(probs, more_likely, out=above).sum(dim=-1) < top_p  # (B,) mass above x
         searching = lo < hi
         lo = torch.where(searching & member, mid, lo)
         hi = torch.where(searching & ~member, mid - 1, hi)
