@@ -3,18 +3,21 @@
 # container ships is upgraded or replaced: its own packages are the install's constraints).
 #
 # NOT YET BUILT OR RUN BY THIS PROJECT (no GPU and no image registry on its machines);
-# tests/test_docker.py checks this file statically.
+# tests/test_docker.py checks this file statically. The container (Ubuntu 24.04, Python 3.12, on
+# nvcr.io/nvidia/pytorch:25.12-py3) runs as root and marks its Python externally managed, hence
+# PIP_BREAK_SYSTEM_PACKAGES; the image switches to an unprivileged user once Lyre is installed.
 #
 #   docker build -f docker/gpu.Dockerfile -t lyre:gpu .
 #
 # 1. Build the engine once, offline, as its own step (it writes engines/ and the Hugging Face
-#    cache under models/; --ipc=host as NVIDIA recommends for TensorRT-LLM's MPI workers):
-#   docker run --rm --gpus all --ipc=host -v lyre-models:/app/models -v lyre-engines:/app/engines \
+#    cache under models/; --ipc=host and the ulimits as NVIDIA runs its TensorRT-LLM containers):
+#   docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
+#     -v lyre-models:/app/models -v lyre-engines:/app/engines \
 #     lyre:gpu python build_engine.py --config config/model_config.yaml
 #    (add -e HF_TOKEN=... if the checkpoint needs one; --dry-run prints the plan first)
 # 2. Serve it (engines read-only; model.backend auto picks the TensorRT-LLM engine):
-#   docker run --rm --gpus all --ipc=host -p 8000:8000 -p 50051:50051 \
-#     -v lyre-models:/app/models -v lyre-engines:/app/engines:ro lyre:gpu
+#   docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
+#     -p 8000:8000 -p 50051:50051 -v lyre-models:/app/models -v lyre-engines:/app/engines:ro lyre:gpu
 FROM nvcr.io/nvidia/tensorrt-llm/release:1.2.1
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
