@@ -1,10 +1,15 @@
 """FakeExecutorBindings: a FAKE of ``tensorrt_llm.bindings.executor`` (TensorRT-LLM 1.2) for CPU tests.
 
-It stands in for what cannot run here (a GPU and the TensorRT-LLM library). Constructors mirror
-the real nanobind signatures: the same parameter names, the same keyword-only parameters, and the
-same type checks the C++ side would make (ints where ``SizeType32``, floats where ``FloatType``,
-a non-negative seed, priority in [0, 1]), so a misspelt or mistyped argument fails here as it
-would there. The executor is an in-process stand-in: ``await_responses`` runs one "iteration" in
+It stands in for what cannot run here (a GPU and the TensorRT-LLM library). Its signatures are
+the real nanobind ones, checked against a snapshot of them (``tests/trtllm_api/bindings-1.2.1.json``,
+by ``tests/engine/test_trtllm_api.py``): the same parameter names, order, keyword-only markers and
+defaults, and the checks the C++ side makes (ints where ``SizeType32``, floats where
+``FloatType``, a non-negative seed, temperature >= 0, 0 < top_p <= 1, no range on priority, which
+cannot be read back), so a misspelt or mistyped argument fails here as it would there. Like the
+real one it passes the batched post-processor only the requests that name it, with their
+``client_ids``, logits as (1, beam, vocab) float32 tensors (on the CPU here: the CUDA branch is
+untested), fails every running request if the post-processor raises, and leaves the optional
+``kv_cache_stats`` out of some iterations. The executor is an in-process stand-in: ``await_responses`` runs one "iteration" in
 which up to ``max_batch_size`` requests (highest priority first, never evicted once running, as
 GUARANTEED_NO_EVICT) each get one token from a seeded random "model", after the batched logits
 post-processor has run over the logits exactly as the real executor calls it.
@@ -86,18 +91,20 @@ class SamplingConfig:
             _float(name, locals()[name])
         if top_p is not None and not 0 < top_p <= 1:
             raise ValueError("top_p must be in (0, 1]")
-        if temperature is not None and temperature <= 0:
-            raise ValueError("temperature must be > 0")
+        if temperature is not None and temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if repetition_penalty is not None and repetition_penalty <= 0:
+            raise ValueError("repetition_penalty must be > 0")
         self.beam_width, self.top_k, self.top_p, self.seed = beam_width, top_k, top_p, seed
         self.temperature, self.min_tokens, self.repetition_penalty = temperature, min_tokens, repetition_penalty
 
 
 class OutputConfig:
-    def __init__(self, return_log_probs=False, return_context_logits=False, return_generation_logits=False,
-                 exclude_input_from_output=False, return_encoder_output=False, return_perf_metrics=False,
-                 additional_model_outputs=None):
-        self.exclude_input_from_output = exclude_input_from_output
-        self.return_generation_logits = return_generation_logits
+    def __init__(self, return_log_probs=None, return_context_logits=None, return_generation_logits=None,
+                 exclude_input_from_output=None, return_encoder_output=None, return_perf_metrics=None,
+                 additional_model_outputs=None):  # None = false (std::optional<bool>)
+        self.exclude_input_from_output = bool(exclude_input_from_output)
+        self.return_generation_logits = bool(return_generation_logits)
 
 
 class Request:
@@ -111,7 +118,7 @@ class Request:
                  encoder_input_token_ids=None, client_id=None, return_all_generated_tokens=False, priority=0.5,
                  type=None, context_phase_params=None, encoder_input_features=None, encoder_output_length=None,
                  cross_attention_mask=None, num_return_sequences=1, eagle_config=None, skip_cross_attn_blocks=None,
-                 guided_decoding_params=None, language_adapter_uid=None, allotted_time_ms=None):
+                 guided_decoding_params=None, language_adapter_uid=None, allotted_time_ms=None, cache_salt_id=None):
         if not isinstance(input_token_ids, list) or not input_token_ids:
             raise TypeError("input_token_ids: expected a non-empty list of int")
         for t in input_token_ids:
@@ -119,9 +126,9 @@ class Request:
         _int("max_tokens", max_tokens, 1, optional=False)
         _int("end_id", end_id)
         _int("pad_id", pad_id)
-        _float("priority", priority)
-        if not 0.0 <= priority <= 1.0:
-            raise ValueError("priority must be in [0, 1]")
+        _float("priority", priority)  # no range: the executor only sorts its queue by it
+        if logits_post_processor_name is not None and logits_post_processor is not None:
+            raise ValueError("only one of logits_post_processor_name and logits_post_processor may be set")
         if stop_words is not None and not all(isinstance(w, list) and all(isinstance(t, int) for t in w)
                                               for w in stop_words):
             raise TypeError("stop_words: expected list[list[int]]")
@@ -133,7 +140,9 @@ class Request:
         self.sampling_config = sampling_config or SamplingConfig()
         self.output_config = output_config or OutputConfig()
         _int("client_id", client_id, 0, 2**64 - 1)
-        self.end_id, self.pad_id, self.stop_words, self.priority = end_id, pad_id, stop_words, priority
+        _int("cache_salt_id", cache_salt_id, 0)
+        self.end_id, self.pad_id, self.stop_words = end_id, pad_id, stop_words
+        self._priority = priority  # the real Request has no priority property: see priority_of
         self.logits_post_processor_name, self.client_id = logits_post_processor_name, client_id
 
 
@@ -149,7 +158,8 @@ class KvCacheConfig:
     def __init__(self, enable_block_reuse=True, max_tokens=None, max_attention_window=None, sink_token_length=None,
                  free_gpu_memory_fraction=None, host_cache_size=None, onboard_blocks=True, cross_kv_cache_fraction=None,
                  secondary_offload_min_priority=None, event_buffer_max_size=0, *, enable_partial_reuse=True,
-                 copy_on_partial_reuse=True, use_uvm=False, runtime_defaults=None):
+                 copy_on_partial_reuse=True, use_uvm=False, attention_dp_events_gather_period_ms=5,
+                 runtime_defaults=None, max_gpu_total_bytes=0):
         _float("free_gpu_memory_fraction", free_gpu_memory_fraction)
         self.enable_block_reuse, self.free_gpu_memory_fraction = enable_block_reuse, free_gpu_memory_fraction
 
@@ -170,7 +180,8 @@ class ExecutorConfig:
                  extended_runtime_perf_knob_config=None, debug_config=None, recv_poll_period_ms=0,
                  max_seq_idle_microseconds=180000000, spec_dec_config=None, guided_decoding_config=None,
                  additional_model_outputs=None, cache_transceiver_config=None, gather_generation_logits=False,
-                 mm_embedding_offloading=False, enable_trt_overlap=False):
+                 mm_embedding_offloading=False, enable_trt_overlap=False,
+                 fail_fast_on_attention_window_too_large=False):
         _int("max_beam_width", max_beam_width, 1, optional=False)
         _int("max_batch_size", max_batch_size, 1)
         _int("max_num_tokens", max_num_tokens, 1)
@@ -195,10 +206,11 @@ class Result:
 
 
 class Response:
-    def __init__(self, request_id: int, result_or_error: Result | str):
-        self.request_id = request_id
-        self._result = result_or_error if isinstance(result_or_error, Result) else None
-        self._error = result_or_error if isinstance(result_or_error, str) else ""
+    def __init__(self, request_id: int, result: Result | str, client_id: int | None = None):
+        # the real constructor is overloaded on the type: (request_id, error_msg: str, ...) or (..., result: Result, ...)
+        self.request_id, self.client_id = request_id, client_id
+        self._result = result if isinstance(result, Result) else None
+        self._error = result if isinstance(result, str) else ""
 
     def has_error(self) -> bool:
         return self._result is None
@@ -238,8 +250,8 @@ class IterationStats:
     num_active_requests: int = 0
     num_queued_requests: int = 0
     gpu_mem_usage: int = 0
-    kv_cache_stats: KvCacheStats = field(default_factory=KvCacheStats)
-    inflight_batching_stats: InflightBatchingStats = field(default_factory=InflightBatchingStats)
+    kv_cache_stats: KvCacheStats | None = field(default_factory=KvCacheStats)  # std::optional in C++
+    inflight_batching_stats: InflightBatchingStats | None = field(default_factory=InflightBatchingStats)
 
 
 @dataclass
@@ -278,7 +290,9 @@ class Executor:
         self.fail_next_await: BaseException | None = None
         self.post_processor_calls = 0
         self.lockstep = False  # True: an iteration runs only for a tick()
-        self.eager = False  # True: a queued request's first token is sampled at once, see enqueue_request
+        # True: a queued request's first token is sampled at once, from another thread, before
+        # enqueue_request returns (stricter than the real executor, which can do it only after)
+        self.eager = False
         self._early: list[Response] = []
         self._ticks = 0
 
@@ -293,8 +307,8 @@ class Executor:
             running = self._queue[rid] = _Running(request, rid, next(self._order), list(request.input_token_ids))
             if self.eager:
                 # The real executor's own thread may pick the request up and run an iteration
-                # (post-processor included) before enqueue_request has returned its id: do that,
-                # from another thread, now.
+                # (post-processor included) as soon as enqueue_request returns, before the caller
+                # has stored the id: do that, from another thread, even earlier.
                 running.scheduled = True
                 worker = threading.Thread(target=lambda: self._early.extend(self._run_batch([running])))
                 worker.start()
@@ -303,7 +317,7 @@ class Executor:
             return rid
 
     def cancel_request(self, id=None) -> None:  # noqa: A002 - the real parameter name
-        _int("id", id, 0)
+        _int("id", id, 0, optional=False)  # the default None cannot be used: the C++ parameter is an IdType
         with self._cond:
             self.cancelled.append(id)
             if id in self._queue:
@@ -365,13 +379,13 @@ class Executor:
             return out
         for r in [r for r in self._queue.values() if r.cancelled]:
             del self._queue[r.id]
-            out.append(Response(r.id, Result(True, [[]], [FinishReason.CANCELLED])))
+            out.append(Response(r.id, Result(True, [[]], [FinishReason.CANCELLED]), r.request.client_id))
         if not self._queue:
             return out
         limit = self.config.max_batch_size or len(self._queue)
         running = [r for r in self._queue.values() if r.scheduled]
         waiting = sorted((r for r in self._queue.values() if not r.scheduled),
-                         key=lambda r: (-r.request.priority, r.order))
+                         key=lambda r: (-r.request._priority, r.order))
         for r in waiting[:max(0, limit - len(running))]:
             r.scheduled = True
             running.append(r)
@@ -381,7 +395,9 @@ class Executor:
         self._stats.append(IterationStats(
             iter=self._iteration, iter_latency_ms=1.0, num_active_requests=len(running),
             num_queued_requests=queued,
-            kv_cache_stats=KvCacheStats(used_num_blocks=len(running), free_num_blocks=1000 - len(running)),
+            # optional in the real stats: absent on some iterations here so the engine copes without them
+            kv_cache_stats=None if self._iteration % 3 == 0 else KvCacheStats(used_num_blocks=len(running),
+                                                                             free_num_blocks=1000 - len(running)),
             inflight_batching_stats=InflightBatchingStats(num_scheduled_requests=len(running),
                                                           num_gen_requests=len(running))))
         return out
@@ -394,10 +410,16 @@ class Executor:
         chosen = [i for i, r in enumerate(running)
                   if r.request.logits_post_processor_name == Request.BATCHED_POST_PROCESSOR_NAME]
         if chosen and batched is not None and batched.processor_batched is not None:
-            batched.processor_batched([running[i].id for i in chosen], [logits[i] for i in chosen],
-                                      [[list(running[i].tokens)] for i in chosen], 0,
-                                      [running[i].request.client_id for i in chosen])
             self.post_processor_calls += 1
+            try:
+                batched.processor_batched([running[i].id for i in chosen], [logits[i] for i in chosen],
+                                          [[list(running[i].tokens)] for i in chosen], 0,
+                                          [running[i].request.client_id for i in chosen])
+            except Exception as e:  # as the executor: forwardAsync fails every active request
+                for r in running:
+                    self._queue.pop(r.id, None)
+                return [Response(r.id, f"Encountered an error in forwardAsync function: {e}", r.request.client_id)
+                        for r in running]
         return [self._advance(r, lg) for r, lg in zip(running, logits, strict=True)]
 
     def _logits(self, r: _Running) -> torch.Tensor:
@@ -418,15 +440,20 @@ class Executor:
         r.generated += 1
         if token == req.end_id:
             del self._queue[r.id]
-            return Response(r.id, Result(True, [[]], [FinishReason.END_ID]))
+            return Response(r.id, Result(True, [[]], [FinishReason.END_ID]), req.client_id)
         r.tokens.append(token)
         if req.stop_words and [token] in req.stop_words:
             del self._queue[r.id]
-            return Response(r.id, Result(True, [[token]], [FinishReason.STOP_WORDS]))
+            return Response(r.id, Result(True, [[token]], [FinishReason.STOP_WORDS]), req.client_id)
         if r.generated >= req.max_tokens:
             del self._queue[r.id]
-            return Response(r.id, Result(True, [[token]], [FinishReason.LENGTH]))
-        return Response(r.id, Result(False, [[token]], [FinishReason.NOT_FINISHED]))
+            return Response(r.id, Result(True, [[token]], [FinishReason.LENGTH]), req.client_id)
+        return Response(r.id, Result(False, [[token]], [FinishReason.NOT_FINISHED]), req.client_id)
+
+
+def priority_of(request: Request) -> float:
+    """Test hook: the priority a Request was made with (the real class does not give it back)."""
+    return request._priority
 
 
 def lockstep(engine: Any) -> Any:

@@ -108,7 +108,7 @@ def test_priorities_map_onto_the_executor_range(engine):
     assert [executor_priority(p) for p in (0, 1, 2, 7)] == [0.5, 0.75, 1.0, 1.0]
     for rid, priority in (("ongoing", 0), ("new", 1), ("continuation", 2)):
         engine.add(req(rid, priority=priority))
-    assert [r.priority for r in engine.executor.enqueued] == [0.5, 0.75, 1.0]
+    assert [tle.priority_of(r) for r in engine.executor.enqueued] == [0.5, 0.75, 1.0]
 
 
 def test_add_returns_false_at_the_engine_batch_size_and_enqueues_nothing(tmp_path):
@@ -224,8 +224,14 @@ def test_an_executor_failure_fails_everything_in_flight_and_refuses_new_work(tmp
 
 
 def test_iteration_statistics_reach_stats(engine):
+    """Including iterations whose optional KV cache statistics are absent (every third, in the
+    fake): the last known figures stay."""
     engine.add(req("a", max_tokens=14, min_tokens=14))
-    run(engine)
+    kv_max = []
+    while engine.has_work():
+        engine.step()
+        kv_max.append(engine.stats().extra.get("kv_blocks_max"))
+    assert kv_max[2:] == [1000] * len(kv_max[2:])  # from the first statistics that had them on
     s = engine.stats()
     assert s.backend == "trtllm" and s.capacity == 4 and s.total_steps >= 14
     assert s.extra["iter_latency_ms"] == 1.0 and s.extra["kv_blocks_max"] == 1000
@@ -272,6 +278,35 @@ def test_the_first_token_is_constrained_even_when_the_executor_samples_it_before
         assert orpheus.AUDIO_TOKEN_OFFSET <= first < orpheus.AUDIO_TOKEN_OFFSET + 4096  # frame slot 0
         assert len(rest) == 7
     assert engine.constraint.requests == {}
+
+
+def test_a_constraint_that_fails_for_one_request_ends_only_that_request(engine, monkeypatch):
+    """An exception out of the post-processor would make the executor fail every active request
+    (the fake does as the real one): the constraint keeps it in, and only its request ends."""
+    import lyre.engine.trtllm_engine as module
+
+    constrain = module.constrain_logits
+    faults = [RuntimeError("simulated constraint fault")]
+
+    def failing(logits, k, allow_stop):
+        if k == 9 and faults:  # the first request to reach its 10th audio token, once
+            raise faults.pop()
+        constrain(logits, k, allow_stop)
+
+    monkeypatch.setattr(module, "constrain_logits", failing)
+    for i in range(4):
+        engine.add(req(f"c{i}", max_tokens=21, min_tokens=21, seed=40 + i))
+    out = run(engine)
+    failed = [r for r in out if out[r][-1].finish_reason == "error"]
+    assert len(failed) == 1
+    for r in failed:
+        assert "the audio constraint failed: RuntimeError: simulated constraint fault" in out[r][-1].error
+        assert len(tokens(out[r])) == 9  # nothing sampled without the constraint reached the caller
+    for r in set(out) - set(failed):
+        c = tokens(out[r])
+        assert len(c) == 21 and all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET
+                                    + (k % 7 + 1) * 4096 for k, t in enumerate(c))
+    assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
 
 
 def test_a_request_the_executor_refuses_leaves_no_constraint_behind(engine, monkeypatch):
@@ -337,6 +372,6 @@ def test_the_scheduler_streams_sessions_through_the_trtllm_backend_and_closes_it
     for name, evs in events.items():
         assert isinstance(evs[-1], DoneEvent) and evs[-1].outcome == "finished", name
         assert sum(len(ev.pcm) for ev in evs if isinstance(ev, ChunkEvent)) == 2 * 3 * 2048  # 2 x 3 frames
-    assert max(r.priority for r in e.executor.enqueued) == 1.0  # continuations went first
+    assert max(tle.priority_of(r) for r in e.executor.enqueued) == 1.0  # continuations went first
     sch.shutdown()
     assert not e._pump.is_alive() and not e.executor.can_enqueue_requests()

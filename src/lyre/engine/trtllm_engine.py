@@ -1,15 +1,18 @@
 """The ``TokenEngine`` contract over TensorRT-LLM's Executor bindings (an FP8 engine from build_engine.py).
 
 NOT YET RUN ON A GPU BY THIS PROJECT. No machine this project has run on had a GPU; this module
-was written against the ``tensorrt_llm.bindings.executor`` signatures of TensorRT-LLM 1.2 (read
+was written against the ``tensorrt_llm.bindings.executor`` signatures of TensorRT-LLM 1.2.1 (read
 from its nanobind sources) and is tested only against ``tests/fake_trtllm.py``, a fake of that
-module that mirrors those signatures. Expect to fix details the first time it meets a GPU.
+module held to a snapshot of those signatures (``tests/trtllm_api/bindings-1.2.1.json``;
+``tests/engine/test_trtllm_api.py`` checks every call made here against it). The
+post-processor's CUDA branch has never run. Expect to fix details the first time it meets a GPU.
 
 How it maps the contract:
 
 - ``add`` -> ``Executor.enqueue_request(Request(...))`` while fewer than ``capacity`` (the build's
   ``max_batch_size``) requests are live, else False (nothing enqueued): streaming, token ids only
-  (no detokenisation), ``max_tokens`` always set (the library's default is tiny), end-of-speech as
+  (no detokenisation), ``max_tokens`` (required by the binding) capped to the room left in the
+  sequence, a ``client_id`` (Lyre's own number: see the constraint), end-of-speech as
   ``end_id`` and the other Orpheus stop ids as ``stop_words``, the sampling settings as a
   ``SamplingConfig`` with a per-request seed (an unseeded request gets a random seed: the
   executor would otherwise give every request seed 0 and identical prompts identical audio),
@@ -21,8 +24,10 @@ How it maps the contract:
 - ``cancel`` -> ``cancel_request``; the request's ``cancelled`` delta comes at the next step and
   anything the executor still sends for it is dropped.
 - ``constrain_audio`` runs as the executor's batched logits post-processor
-  (:class:`AudioConstraint`): after start-of-speech only the 4096 codes of the frame slot, and
-  end-of-speech at frame boundaries, can be sampled.
+  (:class:`AudioConstraint`, registered before the request is enqueued): after start-of-speech
+  only the 4096 codes of the frame slot, and end-of-speech at frame boundaries, can be sampled.
+  It never raises into the executor (which would fail every request); a request whose
+  constraint fails ends alone, with an error.
 - ``stats()`` adds the executor's latest iteration statistics (iteration latency, KV blocks,
   queued and context requests) for ``/v1/stats`` and the Prometheus metrics.
 
@@ -124,17 +129,24 @@ class _Constrained:
 
 class AudioConstraint:
     """The executor's ``LogitsPostProcessorBatched``: ``(req_ids, logits, beam_tokens, stream_ptr,
-    client_ids)``; ``logits[i]`` is (1, beam, vocab) on the GPU and ``beam_tokens[i][0]`` holds the
-    prompt and the tokens generated so far (``LlmRequest::getTokens``).
+    client_ids)``; ``logits[i]`` is a (1, beam, vocab) view of the GPU logits, edited in place on
+    the executor's CUDA stream ``stream_ptr``, and ``beam_tokens[i][0]`` holds the prompt and the
+    tokens generated so far (``LlmRequest::getTokens``). Only requests that name the batched
+    processor are passed.
 
-    Requests are known by their ``client_id`` (Lyre's own number for the request, set on the
-    executor ``Request``), registered BEFORE ``enqueue_request``: the executor's own thread may
-    sample a request's first token before ``enqueue_request`` even returns its executor id, and
-    that token must be constrained too. Registered and dropped from the engine thread, read from
-    the executor's (single dict operations; the GIL orders them)."""
+    It runs on the executor's own thread, from the iteration that samples a request's first token
+    on: that can come right after ``enqueue_request`` returns, before the executor id it returned
+    is stored anywhere. So requests are known by their ``client_id`` (Lyre's own number for the
+    request, set on the executor ``Request``) and registered BEFORE enqueueing. Registered and
+    dropped from the engine thread, read from the executor's (single dict operations; the GIL
+    orders them).
+
+    It never raises: the executor answers an exception here by failing every active request. A
+    request whose constraint fails is left out and listed in ``failed`` (the engine ends it)."""
 
     def __init__(self) -> None:
         self.requests: dict[int, _Constrained] = {}
+        self.failed: dict[int, str] = {}  # client id -> why; taken by the engine thread
 
     def register(self, client_id: int, prompt_ids: list[int], min_tokens: int) -> None:
         start = len(prompt_ids) if prompt_ids[-1] == orpheus.START_OF_SPEECH else None
@@ -144,11 +156,27 @@ class AudioConstraint:
         self.requests.pop(client_id, None)
 
     def __call__(self, req_ids, logits_list, beam_tokens, stream_ptr, client_ids) -> None:
-        rows = []
-        for client_id, logits, beams in zip(client_ids, logits_list, beam_tokens, strict=True):
-            state = self.requests.get(client_id) if client_id is not None else None
-            if state is None:
-                continue
+        try:
+            rows = [row for row in map(self._row, client_ids, logits_list, beam_tokens) if row is not None]
+            if not rows:
+                return
+            if rows[0][1].is_cuda:  # masks go on the executor's stream, ordered before its sampling
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
+                    self._apply(rows)
+            else:
+                self._apply(rows)
+        except Exception as e:  # noqa: BLE001 - never into the executor (see the class doc)
+            log.exception("audio constraint failed for a whole batch")
+            for client_id in client_ids:
+                if client_id in self.requests:
+                    self._fail(client_id, e)
+
+    def _row(self, client_id, logits, beams) -> tuple[int, torch.Tensor, int, bool] | None:
+        """(client id, logits, audio token index, end-of-speech allowed) for a constrained request."""
+        state = self.requests.get(client_id) if client_id is not None else None
+        if state is None or client_id in self.failed:
+            return None
+        try:
             tokens = beams[0]
             if state.audio_start is None:  # free sampling until start-of-speech comes
                 for i in range(state.scanned, len(tokens)):
@@ -156,18 +184,23 @@ class AudioConstraint:
                         state.audio_start = i + 1
                 state.scanned = len(tokens)
                 if state.audio_start is None:
-                    continue
+                    return None
             generated = len(tokens) - state.prompt_len
-            rows.append((logits, len(tokens) - state.audio_start, generated >= state.min_tokens))
-        if not rows:
-            return
-        if rows[0][0].is_cuda:  # masks go on the executor's stream, ordered before its sampling
-            with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
-                for logits, k, allow_stop in rows:
-                    constrain_logits(logits, k, allow_stop)
-        else:
-            for logits, k, allow_stop in rows:
+            return client_id, logits, len(tokens) - state.audio_start, generated >= state.min_tokens
+        except Exception as e:  # noqa: BLE001 - this request's own fault
+            self._fail(client_id, e)
+            return None
+
+    def _apply(self, rows: list[tuple[int, torch.Tensor, int, bool]]) -> None:
+        for client_id, logits, k, allow_stop in rows:
+            try:
                 constrain_logits(logits, k, allow_stop)
+            except Exception as e:  # noqa: BLE001 - this request's own fault
+                self._fail(client_id, e)
+
+    def _fail(self, client_id: int, error: Exception) -> None:
+        log.warning("audio constraint failed for client id %d: %s: %s", client_id, type(error).__name__, error)
+        self.failed[client_id] = f"the audio constraint failed: {type(error).__name__}: {error}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -317,8 +350,12 @@ class TrtllmEngine:
         flight = self._live.get(request_id)
         if flight is None or flight.cancelled:
             return
-        flight.cancelled = True
         self._cancelled.append(flight)
+        self._abort(flight)
+
+    def _abort(self, flight: _InFlight) -> None:
+        """Stop ``flight`` inside the executor; whatever it still sends for it is dropped."""
+        flight.cancelled = True
         try:
             self.executor.cancel_request(flight.exec_id)
         except Exception:  # already finished inside the executor: nothing to cancel
@@ -334,6 +371,10 @@ class TrtllmEngine:
         for flight in self._cancelled:
             deltas[flight.request.request_id] = self._finish(flight, "cancelled")
         self._cancelled.clear()
+        for flight in [f for f in self._live.values() if f.client_id in self.constraint.failed]:
+            error = self.constraint.failed.pop(flight.client_id)
+            self._abort(flight)
+            deltas[flight.request.request_id] = self._finish(flight, "error", error)
         for item in self._drain():
             if isinstance(item, _PumpFailure):
                 self._failed = f"{type(item.error).__name__}: {item.error}"
@@ -357,6 +398,8 @@ class TrtllmEngine:
 
     def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
         flight = self._by_exec.get(response.request_id)
+        if flight is not None and flight.client_id in self.constraint.failed:
+            return  # sampled without its constraint: the next step ends it
         if flight is None or flight.cancelled:  # finished or cancelled already: late responses are dropped
             if flight is None and response.has_error():
                 log.warning("TensorRT-LLM error for request %s: %s", response.request_id, response.error_msg)
@@ -392,6 +435,7 @@ class TrtllmEngine:
         self._live.pop(flight.request.request_id, None)
         self._by_exec.pop(flight.exec_id, None)
         self.constraint.drop(flight.client_id)
+        self.constraint.failed.pop(flight.client_id, None)
         if reason == "error" and error is None:
             error = "the executor timed out the request"
         return TokenDelta(flight.request.request_id, tokens or [], finished=True, finish_reason=reason, error=error)
@@ -412,11 +456,13 @@ class TrtllmEngine:
             "queued_requests": float(s.num_queued_requests),
             "gpu_mem_usage_bytes": float(s.gpu_mem_usage),
         }
-        kv = getattr(s, "kv_cache_stats", None)
+        kv = s.kv_cache_stats  # optional: an iteration may come without it; the last known figures stay
         if kv is not None:
             values.update(kv_blocks_max=float(kv.max_num_blocks), kv_blocks_free=float(kv.free_num_blocks),
                           kv_blocks_used=float(kv.used_num_blocks), kv_tokens_per_block=float(kv.tokens_per_block))
-        ifb = getattr(s, "inflight_batching_stats", None)
+        else:
+            values.update({k: v for k, v in self._iter.values.items() if k.startswith("kv_")})
+        ifb = s.inflight_batching_stats  # optional too
         if ifb is not None:
             values.update(context_requests=float(ifb.num_context_requests),
                           generation_requests=float(ifb.num_gen_requests))
