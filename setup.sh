@@ -53,12 +53,14 @@ if [ "$gpu" = yes ] && [ "${LYRE_TRT:-auto}" != off ]; then
 fi
 if [ "$extras" = dev,trt ]; then
   # NVIDIA's prerequisites for the TensorRT-LLM $TRT_VERSION wheels: a driver for CUDA 13, and MPI.
-  cuda=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
+  cuda=$( { nvidia-smi 2>/dev/null || true; } | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
   [ -n "$cuda" ] || fail "nvidia-smi does not report the CUDA version its driver supports; TensorRT-LLM $TRT_VERSION" \
     "needs CUDA $TRT_CUDA_MAJOR. Check the NVIDIA driver, or LYRE_TRT=off ./setup.sh for the PyTorch backend"
   [ "${cuda%%.*}" -ge "$TRT_CUDA_MAJOR" ] || fail "TensorRT-LLM $TRT_VERSION needs CUDA $TRT_CUDA_MAJOR; this driver supports" \
     "CUDA $cuda. Install an NVIDIA driver for CUDA $TRT_CUDA_MAJOR (580 or newer), or LYRE_TRT=off ./setup.sh for the PyTorch backend"
-  if ! { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q 'libmpi\.so'; then
+  # (the listing is read whole: grep -q in a pipe under pipefail could report a present libmpi as missing)
+  libs=$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)
+  if [[ "$libs" != *libmpi.so* ]]; then
     fail "TensorRT-LLM $TRT_VERSION needs MPI and no libmpi.so is installed: sudo apt-get install -y libopenmpi-dev" \
       "(then ./setup.sh again), or LYRE_TRT=off ./setup.sh for the PyTorch backend"
   fi
@@ -67,7 +69,7 @@ torch_spec=${LYRE_TORCH_SPEC:-torch==2.13.0}
 
 log=.venv/setup.log
 stamp_file=.venv/.lyre-setup-stamp
-stamp=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)-$pyver-$gpu-$extras-$torch_spec-${LYRE_TORCH_INDEX:-}-$gpu_torch_spec
+stamp=$(cat pyproject.toml setup.sh | sha256sum | cut -c1-16)-$pyver-$gpu-$extras-$torch_spec-${LYRE_TORCH_INDEX:-}-$gpu_torch_spec-$gpu_torch_index
 
 pip_install() {
   # Quiet pip, with its whole log kept in .venv/setup.log and shown on failure.

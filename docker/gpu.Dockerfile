@@ -35,11 +35,12 @@ COPY protos ./protos
 COPY src ./src
 # Lyre and the packages it needs beyond the container's, with every package the container already
 # has held at its version (pip fails rather than replace torch, numpy, transformers, ...); then the
-# gRPC stubs (generated, never committed, as setup.sh does).
+# gRPC stubs (generated, never committed, as setup.sh does). TensorRT-LLM's version is read from its
+# metadata: importing it needs the CUDA driver, which a build machine may not have.
 RUN pip list --format=freeze --exclude-editable > /tmp/container-constraints.txt \
  && pip install -c /tmp/container-constraints.txt -e . \
  && python -m grpc_tools.protoc -Iprotos --python_out=src --pyi_out=src --grpc_python_out=src protos/lyre/v1/tts.proto \
- && python -c "import tensorrt_llm, lyre; print('TensorRT-LLM', tensorrt_llm.__version__)"
+ && python -c "import importlib.metadata as m, lyre; print('TensorRT-LLM', m.version('tensorrt_llm'))"
 COPY config ./config
 COPY production_server.py build_engine.py client.py benchmark.py ./
 

@@ -29,16 +29,17 @@ GPU_PYTHONS = ("3.10", "3.12")  # TensorRT-LLM 1.2.1's wheels; setup.sh installs
 
 def intersects(a: SpecifierSet, b: SpecifierSet) -> bool:
     """Whether some version satisfies both. Each set is a union of intervals whose ends are the
-    versions its clauses name, so testing every named version and a version just below and just
-    above each one (and the extremes) finds a common one when there is any."""
+    versions its clauses name, so testing every named version and a version just above each one
+    (and the extremes) finds a common one when there is any."""
     points = {Version("0"), Version("100000")}
     for spec in [*a, *b]:
         try:
             v = Version(spec.version.removesuffix(".*"))
         except InvalidVersion:
             continue
-        points |= {v, Version(f"{v}.post1"), Version(f"{v}.dev0" if v.dev is None else str(v)),
-                   Version(".".join(map(str, (*v.release, 0, 0, 0, 1))))}  # just above, not a post-release
+        points |= {v, Version(".".join(map(str, (*v.release, 0, 0, 0, 1))))}  # v, and just above it
+        if v.post is None and v.dev is None:
+            points.add(Version(f"{v}.post1"))
         if spec.version.endswith(".*"):  # the next release after a prefix: 1.2.* -> 1.3
             release = list(v.release)
             release[-1] += 1

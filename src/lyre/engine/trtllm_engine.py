@@ -199,6 +199,8 @@ class AudioConstraint:
                 self._fail(client_id, e)
 
     def _fail(self, client_id: int, error: Exception) -> None:
+        if client_id not in self.requests:  # finished meanwhile (the engine thread dropped it)
+            return
         log.warning("audio constraint failed for client id %d: %s: %s", client_id, type(error).__name__, error)
         self.failed[client_id] = f"the audio constraint failed: {type(error).__name__}: {error}"
 
@@ -309,6 +311,7 @@ class TrtllmEngine:
             exec_id = self.executor.enqueue_request(executor_request)
         except BaseException:
             self.constraint.drop(client_id)
+            self.constraint.failed.pop(client_id, None)
             raise
         flight = _InFlight(request, client_id, exec_id)
         self._live[request.request_id] = flight
