@@ -1,6 +1,7 @@
 """What a step of the PyTorch engine costs a GPU beyond its arithmetic, counted on CPU: attention
-reads the slot KV cache in place whatever order the scheduler gives (no copy of any slot's K/V),
-and a step reads the device back once (the sampled tokens), never once per row.
+reads the slot KV cache in place whatever order the scheduler gives (no copy of any slot's K/V:
+neither a gather of slots nor a repeat of KV heads for grouped-query attention), and a step reads
+the device back once (the sampled tokens), never once per row.
 
 On CPU nothing waits, so the test counts the operations that would: every ``aten`` operator is
 seen through a ``TorchDispatchMode``, and ``Tensor.tolist`` (which reads without dispatching) is
@@ -27,7 +28,9 @@ READ_BACKS = {aten._local_scalar_dense.default, aten.is_nonzero.default, aten.eq
               aten.masked_select.default, aten._unique2.default, aten.unique_consecutive.default,
               aten.unique_dim.default, aten.repeat_interleave.Tensor}
 INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default}
-GATHERS = {aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.take.default}
+GATHERS = {aten.index.Tensor, aten.index_select.default, aten.gather.default, aten.take.default,
+           aten.repeat_interleave.self_int, aten.repeat_interleave.self_Tensor, aten.repeat.default,
+           aten.clone.default, aten.contiguous.default, aten._to_copy.default}
 
 
 class DeviceTraffic(TorchDispatchMode):

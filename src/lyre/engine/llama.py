@@ -93,10 +93,16 @@ class Attention(nn.Module):
         cache.write(layer, batch.slots, batch.positions, k, qkv[:, self.n_heads + self.n_kv :])
         out = torch.empty_like(q)  # (T, nh, hd)
         for g in batch.groups:
-            qg = q[g.q_index].transpose(1, 2)  # (B, Qmax, nh, hd) -> (B, nh, Qmax, hd)
+            b, q_max = g.q_index.shape
+            group = self.n_heads // self.n_kv  # query heads per KV head (query head i reads KV head i // group)
+            # the query heads of one KV head become extra query rows, so K/V are read as they lie
+            # (SDPA's enable_gqa path with a mask repeats K/V: a copy of them per layer)
+            qg = q[g.q_index].view(b, q_max, self.n_kv, group, self.head_dim)  # (B, Qmax, nkv, G, hd)
+            qg = qg.permute(0, 2, 3, 1, 4).reshape(b, self.n_kv, group * q_max, self.head_dim)  # (B, nkv, G*Qmax, hd)
             kg, vg = cache.read(layer, g.slots, g.kv_len)  # (B, nkv, S, hd): views of the cache
-            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=self.n_kv != self.n_heads)
-            rows = og.transpose(1, 2).reshape(-1, self.n_heads, self.head_dim)  # (B*Qmax, nh, hd)
+            og = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.grouped_mask(group))  # (B, nkv, G*Qmax, hd)
+            og = og.view(b, self.n_kv, group, q_max, self.head_dim).permute(0, 3, 1, 2, 4)  # (B, Qmax, nkv, G, hd)
+            rows = og.reshape(-1, self.n_heads, self.head_dim)  # (B*Qmax, nh, hd)
             out[g.token_index] = rows[g.valid_rows]  # (n, nh, hd)
         return self.o_proj(out.view(t, self.n_heads * self.head_dim))
 
@@ -209,6 +215,13 @@ class AttentionGroup:
     token_index: torch.Tensor  # (n,) flat token index of each of those queries
     mask: torch.Tensor  # (B, 1, Qmax, S) bool: key position <= query position within the slot
     kv_len: int  # S
+    _grouped: tuple[int, torch.Tensor] | None = None
+
+    def grouped_mask(self, group: int) -> torch.Tensor:
+        """(B, 1, G*Qmax, S): ``mask`` for G query heads' rows per KV head (made once per forward)."""
+        if self._grouped is None or self._grouped[0] != group:
+            self._grouped = (group, self.mask.repeat(1, 1, group, 1))
+        return self._grouped[1]
 
 
 @dataclass
