@@ -151,3 +151,13 @@ def test_cli_set_flag_prints_resolved_config_and_refuses_bad_keys():
     bad = subprocess.run(run + ["--set", "scheduler.max_batch_size=0"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert bad.returncode == 2
     assert "scheduler.max_batch_size" in bad.stderr and "must be >= 1" in bad.stderr
+
+
+def test_voice_aliases_resolve_in_any_case_and_must_name_a_voice():
+    cfg = load_config(None, {"model.voice_aliases": {"Agent": "leo"}})
+    assert cfg.model.resolve_voice("agent") == "leo" and cfg.model.resolve_voice("ALLOY") == "tara"  # merged
+    assert cfg.model.resolve_voice("Zoe") == "zoe" and cfg.model.resolve_voice("nobody") is None
+    with pytest.raises(ConfigError, match=r"model.voice_aliases.alloy' = 'ghost' is not allowed: must be one of"):
+        load_config(None, {"model.voice_aliases.alloy": "ghost"})
+    with pytest.raises(ConfigError, match="'tara' is a voice's own name"):
+        load_config(None, {"model.voice_aliases": {"tara": "leo"}})

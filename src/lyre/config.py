@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from lyre.options import SamplingOptions, describe_range, limits_of
-from lyre.orpheus import VOICES
+from lyre.orpheus import OPENAI_VOICE_ALIASES, VOICES
 
 DEFAULT_CONFIG_PATH = Path("config/model_config.yaml")
 
@@ -58,6 +58,16 @@ class ModelConfig:
     cpu_threads: int = _f(0, ge=0, le=1024)  # torch threads of the PyTorch engine on CPU; 0 = half the cores
     voices: tuple[str, ...] = _f(factory=lambda: VOICES)
     default_voice: str = "tara"
+    # other names of the voices (OpenAI's by default); voice names and aliases are case-insensitive
+    voice_aliases: dict[str, str] = _f(factory=lambda: dict(OPENAI_VOICE_ALIASES))
+
+    def resolve_voice(self, name: str) -> str | None:
+        """The voice ``name`` means (a voice or an alias, any case), or None."""
+        key = name.strip().lower()
+        voice = next((v for v in self.voices if v.lower() == key), None)
+        if voice is not None:
+            return voice
+        return next((v for a, v in self.voice_aliases.items() if a.lower() == key and v in self.voices), None)
 
 
 @dataclass(frozen=True)
@@ -362,6 +372,13 @@ def _check_relations(cfg: LyreConfig) -> None:
         )
     if not cfg.model.voices:
         raise ConfigError("config key 'model.voices' = [] is not allowed: name at least one voice")
+    for alias, voice in cfg.model.voice_aliases.items():
+        if voice not in cfg.model.voices and OPENAI_VOICE_ALIASES.get(alias) != voice:  # a default may point at
+            # a voice this config does not serve: it is unused (resolve_voice skips it)
+            raise ConfigError(f"config key 'model.voice_aliases.{alias}' = {voice!r} is not allowed: must be one of "
+                              f"model.voices ({', '.join(cfg.model.voices)})")
+        if alias.lower() in (v.lower() for v in cfg.model.voices):
+            raise ConfigError(f"config key 'model.voice_aliases.{alias}' is not allowed: {alias!r} is a voice's own name")
     if cfg.model.default_voice not in cfg.model.voices:
         raise ConfigError(
             f"config key 'model.default_voice' = {cfg.model.default_voice!r} is not allowed: must be one of "

@@ -47,6 +47,11 @@ SAMPLES_PER_FRAME = 2048  # SNAC hop 512 x 4 latent steps per Orpheus frame
 TOKENS_PER_SECOND = FRAME_TOKENS * SAMPLE_RATE / SAMPLES_PER_FRAME  # 82.03: real time
 
 VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
+# OpenAI's voice names, spoken by the Orpheus voice nearest in register (model.voice_aliases), so
+# clients that only know OpenAI's names (Pipecat's default "alloy", ...) get audio
+OPENAI_VOICE_ALIASES = {"alloy": "tara", "ash": "leo", "ballad": "dan", "coral": "leah", "echo": "zac",
+                        "fable": "jess", "nova": "mia", "onyx": "dan", "sage": "zoe", "shimmer": "leah",
+                        "verse": "leo", "marin": "mia", "cedar": "zac"}
 EMOTION_TAGS = ("<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>", "<gasp>")
 
 # Frame slot s of a frame (0..6) -> (codebook, position of the slot within that codebook's codes

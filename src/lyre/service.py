@@ -417,9 +417,10 @@ class TTSService:
     def _options(self, request: SynthesisRequest) -> tuple[str, SamplingParams]:
         """The voice and sampling parameters of a parsed request (the voice must exist)."""
         cfg = self.config
-        voice = request.voice or cfg.model.default_voice
-        if voice not in cfg.model.voices:
-            raise UnknownVoice(f"unknown voice {shorten(voice)}; available voices: {', '.join(cfg.model.voices)}")
+        voice = cfg.model.resolve_voice(request.voice or cfg.model.default_voice)
+        if voice is None:
+            raise UnknownVoice(f"unknown voice {shorten(request.voice)}; available voices: {', '.join(cfg.model.voices)} "
+                               f"(or an alias: {', '.join(cfg.model.voice_aliases)})")
         return voice, SamplingParams.from_config(cfg.sampling, **request.sampling())
 
     def _prepare(self, text: str, voice: str | None, sampling: dict[str, Any]) -> tuple[list[list[int]], SamplingParams]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import grpc
+import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
@@ -134,3 +135,11 @@ def test_client_cancel_and_deadline_free_the_slot(server):
 
     assert call(server, go) == grpc.StatusCode.DEADLINE_EXCEEDED
     assert server.eventually_idle()["kv_cache"]["free_slots"] == 8
+
+
+def test_voice_aliases_work_over_grpc(server):
+    """OpenAI's names are aliases on every protocol (case-insensitive), with the aliased voice's audio."""
+    speak = lambda voice: call(server, lambda stub, _: stub.Synthesize(  # noqa: E731
+        tts_pb2.SynthesizeRequest(text="Hello", voice=voice, sampling=tts_pb2.SamplingOptions(seed=9)))).audio
+    alias, voice = (np.frombuffer(speak(v), dtype=np.int16).astype(int) for v in ("Nova", "mia"))
+    assert len(alias) == len(voice) and np.abs(alias - voice).max() <= 2  # same tokens; codec rounding aside

@@ -10,6 +10,7 @@ import struct
 
 import aiohttp
 import av
+import numpy as np
 import pytest
 import soundfile as sf
 from openai import OpenAI
@@ -198,3 +199,55 @@ def test_abrupt_disconnects_mid_stream_free_every_slot(server):
     stats = server.eventually_idle()
     assert stats["kv_cache"]["free_slots"] == 8 and stats["codec"]["open_states"] == 0
     assert server.get("/health")[0] == 200
+
+
+def test_openai_voice_names_any_case_speak_as_their_orpheus_voice(openai_client):
+    """Clients that only know OpenAI's voices (Pipecat's default is "alloy") get audio: each name is
+    an alias of an Orpheus voice, in any case; the same seed gives the aliased voice's very audio."""
+    speak = lambda voice: openai_client.audio.speech.create(  # noqa: E731
+        model="tts-1", voice=voice, input="Hello world", response_format="pcm", extra_body={"seed": 5}).content
+    def samples(voice):
+        return np.frombuffer(speak(voice), dtype=np.int16).astype(int)
+
+    # the same tokens (same voice, same seed); the codec's float rounding may differ by a step with
+    # how frames were batched
+    tara = samples("tara")
+    for voice in ("alloy", "ALLOY", "Tara"):
+        other = samples(voice)
+        assert len(other) == len(tara) and np.abs(other - tara).max() <= 2, voice
+    for voice in ("ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse", "marin",
+                  "cedar"):
+        assert len(speak(voice)) == 4 * 2048 * 2, voice
+
+
+def test_unknown_voice_names_the_voices_and_their_aliases(openai_client):
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as refused:
+        openai_client.audio.speech.create(model="tts-1", voice="nobody", input="Hi")
+    message = refused.value.body["message"]
+    assert "tara" in message and "alloy" in message
+
+
+def test_every_response_names_its_request_and_models_answer_like_openai(server, openai_client):
+    response = openai_client.audio.speech.with_raw_response.create(model="tts-1", voice="nova", input="Hi there",
+                                                                   response_format="wav")
+    assert response.headers["x-request-id"].startswith("req_") and response.http_response.status_code == 200
+    models = openai_client.models.list()
+    assert {"tts-1", "lyre"} <= {m.id for m in models.data} and all(m.object == "model" for m in models.data)
+
+    async def fetch():
+        async with aiohttp.ClientSession() as s:
+            async with s.get(server.http + "/v1/nothing", headers={"X-Request-Id": "trace-42"}) as r:
+                mine = (r.status, r.headers.get("X-Request-Id"))
+            async with s.get(server.http + "/health", headers={"X-Request-Id": "bad id\u00e9" * 30}) as r:
+                fresh = r.headers.get("X-Request-Id")
+            async with s.ws_connect(server.http + "/v1/audio/stream") as ws:
+                handshake = ws._response.headers.get("X-Request-Id")
+        return mine, fresh, handshake
+
+    mine, fresh, handshake = asyncio.run(fetch())
+    assert mine == (404, "trace-42")  # the client's own id comes back, on errors too
+    assert fresh.startswith("req_") and handshake.startswith("req_")
+    status, voices = server.get("/v1/voices")
+    assert next(v for v in voices["voices"] if v["name"] == "tara")["aliases"] == ["alloy"]

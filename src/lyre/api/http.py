@@ -4,8 +4,11 @@
   ``response_format``, ``speed``, ``stream_format`` audio|sse, ``instructions`` accepted and
   ignored) plus ``sample_rate``, ``mulaw``/``alaw`` formats and sampling overrides
   (:class:`lyre.options.SpeechBody`); audio streams from the first chunk.
-- ``GET /v1/voices``, ``/v1/stats``, ``/health``, ``/metrics``.
+- ``GET /v1/voices`` (with each voice's aliases: OpenAI's names by default, case-insensitive),
+  ``/v1/models`` (as OpenAI's), ``/v1/stats``, ``/health``, ``/metrics``.
 - ``GET /v1/audio/stream``: the WebSocket (:mod:`lyre.api.ws`).
+
+Every response carries ``X-Request-Id``: the client's, when it sent a sane one, else a new one.
 
 Errors are JSON ``{"error": {"message", "type", "code"}}`` with a fitting 4xx/5xx status. With
 ``server.api_key`` set, ``/v1/`` needs ``Authorization: Bearer <key>`` (compared in constant time).
@@ -19,6 +22,9 @@ import base64
 import contextlib
 import json
 import logging
+import re
+import time
+import uuid
 from typing import Any
 
 from aiohttp import web
@@ -110,6 +116,8 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/stream", websocket)
     app.router.add_get("/v1/voices", voices)
+    app.router.add_get("/v1/models", models)
+    app.on_response_prepare.append(request_id_header)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -211,8 +219,30 @@ async def _sse(resp: web.StreamResponse, event: dict) -> None:
 
 async def voices(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
-    return web.json_response({"voices": [{"name": v} for v in service.voices],
-                              "default": service.config.model.default_voice})
+    model = service.config.model
+    return web.json_response({"voices": [{"name": v, "aliases": [a for a, t in model.voice_aliases.items() if t == v]}
+                                         for v in service.voices],
+                              "default": model.default_voice})
+
+
+async def models(request: web.Request) -> web.Response:
+    """``GET /v1/models`` as OpenAI answers it: the one model served (any name is accepted in requests)."""
+    service = request.app[SERVICE]
+    return web.json_response({"object": "list", "data": [
+        {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "lyre"}
+        for name in dict.fromkeys(("lyre", service.config.model.hf_id, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"))]})
+
+
+MODELS_CREATED = int(time.time())  # OpenAI's "created": when this server started
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+async def request_id_header(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response names its request: the client's ``X-Request-Id`` when it sent a sane one,
+    else a new one (OpenAI's clients, LiveKit's among them, read it)."""
+    if "X-Request-Id" not in response.headers:
+        sent = request.headers.get("X-Request-Id", "")
+        response.headers["X-Request-Id"] = sent if REQUEST_ID.fullmatch(sent) else f"req_{uuid.uuid4().hex}"
 
 
 async def stats(request: web.Request) -> web.Response:
