@@ -12,6 +12,17 @@ _STEP_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
+class _ExecutorGauges:
+    """The TensorRT-LLM executor's own figures."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.iteration_ms = Gauge("lyre_engine_iteration_latency_ms", "Latest TensorRT-LLM iteration latency",
+                                  registry=r)
+        self.kv_blocks = Gauge("lyre_kv_cache_blocks", "TensorRT-LLM paged KV cache blocks", ["state"], registry=r)
+        self.engine_queued = Gauge("lyre_engine_queued_requests", "Requests queued inside the TensorRT-LLM executor",
+                                   registry=r)
+
+
 class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
@@ -30,11 +41,7 @@ class Metrics:
         self.late_chunks = Counter("lyre_late_chunks", "Chunks delivered after the listener's audio ran out",
                                    registry=r)
         self.sessions = Counter("lyre_sessions", "Sessions ended, by outcome", ["outcome"], registry=r)
-        self.iteration_ms = Gauge("lyre_engine_iteration_latency_ms", "Latest TensorRT-LLM iteration latency",
-                                  registry=r)
-        self.kv_blocks = Gauge("lyre_kv_cache_blocks", "TensorRT-LLM paged KV cache blocks", ["state"], registry=r)
-        self.engine_queued = Gauge("lyre_engine_queued_requests", "Requests queued inside the TensorRT-LLM executor",
-                                   registry=r)
+        self._executor: _ExecutorGauges | None = None  # registered with the first TensorRT-LLM statistics
         self.codec_decoded = Counter("lyre_codec_frames_decoded", "Frames run through the SNAC decoder (padding and "
                                      "warm-up decodes included)", registry=r)
         self.codec_emitted = Counter("lyre_codec_frames_emitted", "Frames of audio emitted by the codec", registry=r)
@@ -53,14 +60,20 @@ class Metrics:
         self.kv_slots_used.set(slots_used)
 
     def set_engine(self, extra: dict[str, float]) -> None:
-        """Backend statistics (the TensorRT-LLM executor's latest iteration); absent keys leave gauges alone."""
+        """Backend statistics (the TensorRT-LLM executor's latest iteration); absent keys leave gauges
+        alone. The executor's gauges exist only once it has reported: the PyTorch backend has none."""
+        if "iter_latency_ms" not in extra and self._executor is None:
+            return
+        if self._executor is None:
+            self._executor = _ExecutorGauges(self.registry)
+        g = self._executor
         if "iter_latency_ms" in extra:
-            self.iteration_ms.set(extra["iter_latency_ms"])
+            g.iteration_ms.set(extra["iter_latency_ms"])
         if "queued_requests" in extra:
-            self.engine_queued.set(extra["queued_requests"])
+            g.engine_queued.set(extra["queued_requests"])
         for state in ("used", "free", "max"):
             if f"kv_blocks_{state}" in extra:
-                self.kv_blocks.labels(state=state).set(extra[f"kv_blocks_{state}"])
+                g.kv_blocks.labels(state=state).set(extra[f"kv_blocks_{state}"])
 
     def set_codec(self, counters) -> None:
         """Bring the codec counters up to ``counters`` (a :class:`lyre.codec.base.CodecCounters`)."""

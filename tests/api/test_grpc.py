@@ -74,15 +74,23 @@ def test_voices_stats_health_and_reflection(server):
             yield reflection_pb2.ServerReflectionRequest(list_services="")
 
         answers = [a async for a in refl.ServerReflectionInfo(ask())]
-        return voices, stats, overall, ours, answers
+        # the same exchange under reflection's v1 name (grpcurl's first choice): wire-identical messages
+        v1 = channel.stream_stream("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                                   request_serializer=reflection_pb2.ServerReflectionRequest.SerializeToString,
+                                   response_deserializer=reflection_pb2.ServerReflectionResponse.FromString)
+        v1_answers = [a async for a in v1(ask())]
+        return voices, stats, overall, ours, answers + v1_answers
 
     voices, stats, overall, ours, answers = call(server, go)
     assert [v.name for v in voices.voices][0] == "tara" and voices.default_voice == "tara"
     assert stats.scheduler.max_concurrent == 8 and stats.kv_cache.used_slots + stats.kv_cache.free_slots == 8
     assert stats.backend == "torch" and stats.engine["kv_cache_bytes"] > 0
     assert overall.status == ours.status == health_pb2.HealthCheckResponse.SERVING
-    names = {s.name for s in answers[0].list_services_response.service}
-    assert {"lyre.v1.TextToSpeech", "grpc.health.v1.Health"} <= names
+    for answer in answers:  # v1alpha, then v1
+        names = {s.name for s in answer.list_services_response.service}
+        assert {"lyre.v1.TextToSpeech", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection"} <= names
+    assert len(answers) == 2
 
 
 @pytest.mark.parametrize(

@@ -166,6 +166,8 @@ def test_info_endpoints(server):
     status, text = server.get("/metrics")
     assert status == 200 and "lyre_ttfb_seconds_bucket" in text and "lyre_kv_slots_used" in text
     assert "lyre_codec_frames_decoded_total" in text and "lyre_codec_frames_emitted_total" in text
+    for executor_only in ("lyre_engine_iteration_latency_ms", "lyre_kv_cache_blocks", "lyre_engine_queued_requests"):
+        assert executor_only not in text  # TensorRT-LLM's figures: absent on the torch backend
 
 
 def test_codec_counters_follow_the_audio(server, openai_client):

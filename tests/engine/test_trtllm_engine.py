@@ -375,3 +375,18 @@ def test_the_scheduler_streams_sessions_through_the_trtllm_backend_and_closes_it
     assert max(tle.priority_of(r) for r in e.executor.enqueued) == 1.0  # continuations went first
     sch.shutdown()
     assert not e._pump.is_alive() and not e.executor.can_enqueue_requests()
+
+
+def test_executor_gauges_exist_only_once_the_executor_reports(engine):
+    """/metrics on the PyTorch backend has no TensorRT-LLM gauges; the executor's statistics bring them."""
+    from lyre.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.set_engine({})  # the torch backend's extra
+    assert b"lyre_engine_iteration_latency_ms" not in metrics.exposition()
+    engine.add(req("a", max_tokens=7, min_tokens=7))
+    run(engine)
+    metrics.set_engine(engine.stats().extra)
+    text = metrics.exposition().decode()
+    assert "lyre_engine_iteration_latency_ms 1.0" in text and 'lyre_kv_cache_blocks{state="max"} 1000.0' in text
+    assert "lyre_engine_queued_requests 0.0" in text

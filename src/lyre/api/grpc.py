@@ -21,7 +21,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
-from grpc_reflection.v1alpha import reflection
+from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
 from lyre.api.common import (
     DRAIN_TIMEOUT,
@@ -263,14 +263,29 @@ def _handlers(servicer: TextToSpeech) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
 
+REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
+
+
+def _reflection_v1(reflector: reflection.aio.ReflectionServicer) -> grpc.GenericRpcHandler:
+    """Reflection under its v1 name (what grpcurl and current clients ask first) beside v1alpha:
+    the two protocols' messages are the same on the wire, so v1alpha's servicer answers both."""
+    return grpc.method_handlers_generic_handler(REFLECTION_V1, {"ServerReflectionInfo": grpc.stream_stream_rpc_method_handler(
+        reflector.ServerReflectionInfo,
+        request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
+        response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
+
+
 async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start the gRPC server; returns it, the bound port and its health servicer."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", service.config.server.max_body_bytes)])
     server.add_generic_rpc_handlers((_handlers(TextToSpeech(service, inflight)),))
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    reflection.enable_server_reflection(
-        [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server)
+    names = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME,
+             REFLECTION_V1]
+    reflector = reflection.aio.ReflectionServicer(names)
+    reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, server)
+    server.add_generic_rpc_handlers((_reflection_v1(reflector),))
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"could not bind gRPC to {host}:{port}")
