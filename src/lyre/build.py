@@ -189,7 +189,7 @@ def load_llmapi() -> SimpleNamespace:
 
     try:
         from tensorrt_llm.llmapi.llm_args import CalibConfig
-    except ImportError:  # pragma: no cover - a release that moved it
+    except ImportError:  # a release that moved it
         from tensorrt_llm.llmapi import CalibConfig
     return SimpleNamespace(version=tensorrt_llm.__version__, LLM=LLM, BuildConfig=BuildConfig, CalibConfig=CalibConfig,
                            KvCacheConfig=KvCacheConfig, QuantAlgo=QuantAlgo, QuantConfig=QuantConfig)

@@ -9,6 +9,7 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from lyre.benchmarks.servers import ManagedServer, free_port  # noqa: F401  (free_port is used by tests)
@@ -79,3 +80,11 @@ def server(demo_dir):
     s = start_server()
     yield s
     assert stop_server(s) == 0
+
+
+def same_speech(a: bytes, b: bytes) -> bool:
+    """Two s16le PCM renderings of the same tokens: equal but for the codec's float rounding, which
+    may differ by a step with how frames were batched."""
+    x, y = (np.frombuffer(pcm, dtype=np.int16).astype(int) for pcm in (a, b))
+    return len(x) == len(y) and int(np.abs(x - y).max(initial=0)) <= 2
+

@@ -374,10 +374,11 @@ class TrtllmEngine:
         for flight in self._cancelled:
             deltas[flight.request.request_id] = self._finish(flight, "cancelled")
         self._cancelled.clear()
-        for flight in [f for f in self._live.values() if f.client_id in self.constraint.failed]:
-            error = self.constraint.failed.pop(flight.client_id)
-            self._abort(flight)
-            deltas[flight.request.request_id] = self._finish(flight, "error", error)
+        if self.constraint.failed:  # usually empty: no scan of the live requests
+            for flight in [f for f in self._live.values() if f.client_id in self.constraint.failed]:
+                error = self.constraint.failed.pop(flight.client_id)
+                self._abort(flight)
+                deltas[flight.request.request_id] = self._finish(flight, "error", error)
         for item in self._drain():
             if isinstance(item, _PumpFailure):
                 self._failed = f"{type(item.error).__name__}: {item.error}"
