@@ -118,14 +118,18 @@ else
   echo "$stamp" >"$stamp_file"
 fi
 
-# gRPC stubs from protos/ (generated, not committed); regenerated when a .proto is newer.
+# gRPC stubs from protos/ (generated, not committed); regenerated when the .proto or grpcio-tools
+# changes (the generated code checks that the protobuf runtime is at least as new as its generator).
 proto=protos/lyre/v1/tts.proto
 stub=src/lyre/v1/tts_pb2_grpc.py
-if [ ! -f "$stub" ] || [ "$proto" -nt "$stub" ]; then
+stub_stamp=src/lyre/v1/.generated-by
+stub_id="$(sha256sum "$proto" | cut -c1-16) grpcio-tools $(.venv/bin/python -c 'from importlib.metadata import version; print(version("grpcio-tools"))')"
+if [ ! -f "$stub" ] || [ "$(cat "$stub_stamp" 2>/dev/null)" != "$stub_id" ]; then
   say "generating gRPC stubs from $proto"
   mkdir -p src/lyre/v1
   .venv/bin/python -m grpc_tools.protoc -Iprotos --python_out=src --pyi_out=src --grpc_python_out=src "$proto" \
     || fail "could not generate the gRPC stubs"
+  echo "$stub_id" >"$stub_stamp"
 fi
 
 say "preparing the default model"

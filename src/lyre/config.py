@@ -25,7 +25,7 @@ from typing import Any, Literal
 import yaml
 
 from lyre.options import SamplingOptions, describe_range, limits_of
-from lyre.orpheus import OPENAI_VOICE_ALIASES, VOICES
+from lyre.orpheus import OPENAI_VOICE_ALIASES, RIVA_SUBVOICES, VOICES
 
 DEFAULT_CONFIG_PATH = Path("config/model_config.yaml")
 
@@ -155,6 +155,9 @@ class ServerConfig:
     api_key: str | None = None  # required as "Authorization: Bearer <key>" on /v1/ and gRPC when set
     # limits a public server needs (each refused with a clear error)
     max_pending_text_chars: int = _f(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
+    # one request's whole text (REST input, gRPC/Riva Synthesize): past the profile's max_text_chars
+    # it is split into sentences and spoken as one stream; OpenAI's limit by default
+    max_input_chars: int = _f(4096, ge=1, le=10_000_000)
     ws_max_message_bytes: int = _f(65536, ge=1024, le=64 * 2**20)  # one WebSocket message
     max_contexts_per_socket: int = _f(8, ge=1, le=1024)  # utterances open at once on one WebSocket
     ws_idle_timeout_s: float = _f(300.0, gt=0.0, le=86400.0)  # a WebSocket with nothing to say is closed
@@ -175,6 +178,23 @@ class BuildConfig:
 
 
 @dataclass(frozen=True)
+class RivaConfig:
+    """The Riva-compatible gRPC service (``nvidia.riva.tts.RivaSpeechSynthesis``)."""
+
+    language_code: str = "en-US"  # what Riva clients ask for; another language is refused
+    voice_name: str = "English-US"  # Riva voice names are "<voice_name>.<subvoice>"
+    # Riva subvoice -> Lyre voice ("English-US.Female-1" -> tara); Lyre's names and aliases work as-is
+    subvoices: dict[str, str] = _f(factory=lambda: dict(RIVA_SUBVOICES))
+
+    def resolve_voice(self, name: str) -> str:
+        """The Lyre voice a Riva-style ``name`` means, else ``name`` unchanged (a Lyre name or alias)."""
+        prefix, dot, sub = name.strip().rpartition(".")
+        if dot and prefix.lower() == self.voice_name.lower():
+            return next((v for s, v in self.subvoices.items() if s.lower() == sub.lower()), name)
+        return name
+
+
+@dataclass(frozen=True)
 class LyreConfig:
     model: ModelConfig = _f(factory=ModelConfig)
     codec: CodecConfig = _f(factory=CodecConfig)
@@ -184,6 +204,7 @@ class LyreConfig:
     profile: str = "conversational"
     tuning: dict[str, TuningProfile] = _f(factory=_default_profiles)
     server: ServerConfig = _f(factory=ServerConfig)
+    riva: RivaConfig = _f(factory=RivaConfig)
     build: BuildConfig = _f(factory=BuildConfig)
 
     @property
@@ -379,6 +400,10 @@ def _check_relations(cfg: LyreConfig) -> None:
                               f"model.voices ({', '.join(cfg.model.voices)})")
         if alias.lower() in (v.lower() for v in cfg.model.voices):
             raise ConfigError(f"config key 'model.voice_aliases.{alias}' is not allowed: {alias!r} is a voice's own name")
+    for sub, voice in cfg.riva.subvoices.items():
+        if voice not in cfg.model.voices and RIVA_SUBVOICES.get(sub) != voice:
+            raise ConfigError(f"config key 'riva.subvoices.{sub}' = {voice!r} is not allowed: must be one of "
+                              f"model.voices ({', '.join(cfg.model.voices)})")
     if cfg.model.default_voice not in cfg.model.voices:
         raise ConfigError(
             f"config key 'model.default_voice' = {cfg.model.default_voice!r} is not allowed: must be one of "

@@ -52,6 +52,9 @@ VOICES = ("tara", "leah", "jess", "leo", "dan", "mia", "zac", "zoe")
 OPENAI_VOICE_ALIASES = {"alloy": "tara", "ash": "leo", "ballad": "dan", "coral": "leah", "echo": "zac",
                         "fable": "jess", "nova": "mia", "onyx": "dan", "sage": "zoe", "shimmer": "leah",
                         "verse": "leo", "marin": "mia", "cedar": "zac"}
+# Riva's voice names ("English-US.Female-1") for the same voices, by gender as Riva numbers them
+RIVA_SUBVOICES = {"Female-1": "tara", "Female-2": "leah", "Female-3": "jess", "Female-4": "mia", "Female-5": "zoe",
+                  "Male-1": "leo", "Male-2": "dan", "Male-3": "zac"}
 EMOTION_TAGS = ("<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>", "<gasp>")
 
 # Frame slot s of a frame (0..6) -> (codebook, position of the slot within that codebook's codes

@@ -401,6 +401,31 @@ class TTSService:
         pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
         return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics or {})
 
+    def speak(self, text: str, voice: str | None = None, **sampling: Any) -> SpeechStream | Utterance:
+        """One whole text as one ordered stream of chunks (REST, gRPC and Riva ``Synthesize``): a single
+        synthesis when it fits the profile's ``max_text_chars``; longer text, up to
+        ``server.max_input_chars``, is split into sentences by an :class:`Utterance`. Raises as
+        :meth:`stream` does (an overload of a long text's first piece: on the first chunk)."""
+        limit = self.config.active_profile.max_text_chars
+        if not isinstance(text, str) or len(text) <= limit:
+            return self.stream(text, voice, **sampling)
+        most = max(limit, self.config.server.max_input_chars)
+        if len(text) > most:
+            raise TextTooLong(f"text has {len(text)} characters; at most {most} are accepted "
+                              f"(server.max_input_chars; the '{self.config.profile}' profile speaks up to {limit} "
+                              "as one synthesis)")
+        if not text.strip():
+            raise InvalidRequest("text is empty: there is nothing to speak")
+        utterance = self.utterance(voice, **sampling)
+        utterance.max_pending_chars = len(text)
+        try:
+            utterance.append(text)
+        except BaseException:
+            utterance.cancel()
+            raise
+        utterance.end()
+        return utterance
+
     def _cancel(self, session_id: str) -> None:
         if self._loop is not None and self._loop.alive:
             self._loop.post(lambda: self.scheduler.cancel(session_id, "cancelled"))

@@ -48,8 +48,8 @@ class Utterance:
         self.pieces: list[str] = []  # every piece handed to synthesis, in order
         self._samples = 0
         self._index = 0
-        self.metrics: dict[str, Any] = {"ttfb_ms": None, "tokens": 0, "audio_seconds": 0.0, "chunks": 0,
-                                        "late_chunks": 0, "pieces": 0}
+        self.metrics: dict[str, Any] = {"ttfb_ms": None, "tokens": 0, "prompt_tokens": 0, "audio_seconds": 0.0,
+                                        "chunks": 0, "late_chunks": 0, "pieces": 0}
 
     # --- the producer side ----------------------------------------------------------------------
 
@@ -149,6 +149,11 @@ class Utterance:
 
     # --- the consumer side ----------------------------------------------------------------------
 
+    @property
+    def current_piece(self) -> str | None:
+        """The text of the piece the last chunk returned belongs to (None before the first)."""
+        return self.pieces[self.metrics["pieces"]] if self.metrics["pieces"] < len(self.pieces) else None
+
     def __aiter__(self) -> Utterance:
         return self
 
@@ -188,6 +193,6 @@ class Utterance:
     def _count(self, m: dict[str, Any]) -> None:
         if self.metrics["ttfb_ms"] is None:
             self.metrics["ttfb_ms"] = m.get("ttfb_ms")
-        for key in ("tokens", "audio_seconds", "chunks", "late_chunks"):
+        for key in ("tokens", "prompt_tokens", "audio_seconds", "chunks", "late_chunks"):
             self.metrics[key] += m.get(key, 0) or 0
         self.metrics["pieces"] += 1

@@ -48,6 +48,15 @@ def test_openai_sdk_streaming_response(openai_client):
     assert (len(data) - 44) // 2 == 4 * 2048
 
 
+def test_openai_length_input_is_split_and_spoken_as_one_stream(openai_client):
+    """Past the profile's 250 characters, up to OpenAI's 4096: sentences spoken in order, one response."""
+    text = " ".join(f"Here is sentence {i}, one of many in a long answer." for i in range(80))
+    assert 250 < len(text) <= 4096
+    pcm = openai_client.audio.speech.create(model="tts-1", voice="alloy", input=text, response_format="pcm").content
+    pieces = len(pcm) / 2 / (4 * 2048)  # each piece (a few sentences) is one synthesis of 4 frames here
+    assert pieces == int(pieces) and pieces >= len(text) / 250
+
+
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
 def test_compressed_formats_decode_to_the_right_duration(openai_client, fmt):
     data = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Compressed", response_format=fmt).content
@@ -100,13 +109,14 @@ BAD_REQUESTS = [
     ({"voice": "tara"}, 400, "invalid_request"),
     ({"input": "", "voice": "tara"}, 400, "invalid_request"),
     ({"input": 42, "voice": "tara"}, 400, "invalid_request"),
-    ({"input": "x" * 300, "voice": "tara"}, 422, "text_too_long"),
+    ({"input": "x" * 4097, "voice": "tara"}, 422, "text_too_long"),  # OpenAI's 4096 is the most
     ({"input": "hi", "voice": "bob"}, 404, "unknown_voice"),
     ({"input": "hi", "voice": 7}, 400, "invalid_request"),
     ({"input": "hi", "response_format": "ogg-vorbis"}, 422, "unsupported_format"),
     ({"input": "hi", "response_format": "wav", "sample_rate": 96000}, 422, "unsupported_format"),
     ({"input": "hi", "response_format": "opus", "sample_rate": 22050}, 422, "unsupported_format"),
-    ({"input": "hi", "speed": 1.5}, 422, "out_of_range"),
+    ({"input": "hi", "speed": 4.5}, 422, "out_of_range"),
+    ({"input": "hi", "speed": 0.2}, 422, "out_of_range"),
     ({"input": "hi", "speed": "fast"}, 400, "invalid_request"),
     ({"input": "hi", "temperature": -0.5}, 422, "out_of_range"),
     ({"input": "hi", "top_p": 2}, 422, "out_of_range"),

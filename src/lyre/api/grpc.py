@@ -35,7 +35,7 @@ from lyre.api.common import (
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections
 from lyre.options import SamplingOptions, parse
-from lyre.service import TTSService
+from lyre.service import SpeechStream, TTSService
 from lyre.utterance import Utterance
 
 try:
@@ -115,7 +115,9 @@ class _Chunks:
         return msg
 
 
-class TextToSpeech:
+class Servicer:
+    """What every gRPC service here shares: the checks before a call and its errors as status codes."""
+
     def __init__(self, service: TTSService, inflight: InFlight):
         self.service = service
         self.inflight = inflight
@@ -148,20 +150,16 @@ class TextToSpeech:
         finally:
             self.inflight.clients.leave(address)
 
+
+class TextToSpeech(Servicer):
     async def Synthesize(self, request, context):
         async with self._serving(context, request):
             fmt, rate = _audio_format(request.audio)
-            stream = self.service.stream(request.text, request.voice or None, **_sampling(request.sampling))
-            log.debug("Synthesize %s: %s", stream.session_id, describe_text(request.text))
+            stream = self.service.speak(request.text, request.voice or None, **_sampling(request.sampling))
+            log.debug("Synthesize: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate)
-            try:
-                parts = [await encode(encoder, c.pcm) async for c in stream]
-                parts.append(await finish(encoder))
-            finally:
-                await stream.aclose()
-                encoder.close()
             return tts_pb2.SynthesizeResponse(
-                audio=b"".join(parts),
+                audio=await whole_audio(stream, encoder),
                 audio_config=tts_pb2.AudioConfig(encoding=request.audio.encoding or tts_pb2.LINEAR16,
                                                  sample_rate_hz=encoder.sample_rate),
                 metrics=_metrics(stream.metrics))
@@ -169,8 +167,8 @@ class TextToSpeech:
     async def SynthesizeStream(self, request, context) -> AsyncIterator[Any]:
         async with self._serving(context, request):
             fmt, rate = _audio_format(request.audio)
-            stream = self.service.stream(request.text, request.voice or None, **_sampling(request.sampling))
-            log.debug("SynthesizeStream %s: %s", stream.session_id, describe_text(request.text))
+            stream = self.service.speak(request.text, request.voice or None, **_sampling(request.sampling))
+            log.debug("SynthesizeStream: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate)
             chunks = _Chunks(encoder)
             try:
@@ -196,18 +194,11 @@ class TextToSpeech:
             encoder = AudioEncoder(fmt, rate)
             chunks = _Chunks(encoder)
             reader = asyncio.get_running_loop().create_task(_read_text(request_iterator, utterance))
-            try:
-                async for chunk in utterance:
-                    data = await encode(encoder, chunk.pcm)
-                    if data:
-                        yield chunks.message(data)
-                if reader.done():
-                    await reader  # a bad message ended the utterance: its error is the answer
-                yield chunks.message(await finish(encoder), final=True, metrics=_metrics(utterance.metrics))
-            finally:
-                reader.cancel()
-                utterance.cancel()
-                encoder.close()
+            async for data, last in utterance_audio(utterance, encoder, reader):
+                if last:
+                    yield chunks.message(data, final=True, metrics=_metrics(utterance.metrics))
+                elif data:
+                    yield chunks.message(data)
 
     async def ListVoices(self, request, context):
         async with self._serving(context, request):
@@ -226,6 +217,36 @@ class TextToSpeech:
                 kv_cache=tts_pb2.Stats.KvCache(used_slots=kv.get("used_slots", 0), free_slots=kv.get("free_slots", 0)),
                 total_tokens=s.get("total_tokens", 0), total_batches=s.get("total_batches", 0),
                 backend=backend, engine={k: float(v) for k, v in engine.items()})
+
+
+async def whole_audio(stream: SpeechStream | Utterance, encoder: AudioEncoder) -> bytes:
+    """All of ``stream``'s audio, encoded; the stream and the encoder end with it."""
+    try:
+        parts = [await encode(encoder, c.pcm) async for c in stream]
+        parts.append(await finish(encoder))
+        return b"".join(parts)
+    finally:
+        await stream.aclose()
+        encoder.close()
+
+
+async def utterance_audio(utterance: Utterance, encoder: AudioEncoder,
+                          reader: asyncio.Task) -> AsyncIterator[tuple[bytes, bool]]:
+    """The encoded audio of an utterance that ``reader`` (a task reading the request stream) feeds:
+    ``(bytes, last)`` pairs, the last one the encoder's tail; the reader's error when it failed.
+    Whatever happens, the reader, the utterance and the encoder end with it."""
+    try:
+        async for chunk in utterance:
+            data = await encode(encoder, chunk.pcm)
+            if data:
+                yield data, False
+        if reader.done():
+            await reader  # a bad message ended the utterance: its error is the answer
+        yield await finish(encoder), True
+    finally:
+        reader.cancel()
+        utterance.cancel()
+        encoder.close()
 
 
 async def _read_text(requests: AsyncIterator[Any], utterance: Utterance) -> None:
@@ -248,19 +269,20 @@ async def _read_text(requests: AsyncIterator[Any], utterance: Utterance) -> None
         raise
 
 
-def _handlers(servicer: TextToSpeech) -> grpc.GenericRpcHandler:
-    """The service's method handlers, with request decoders that hand undecodable messages to the
-    method (so they get INVALID_ARGUMENT, not UNKNOWN)."""
+def handlers(servicer: Servicer, service: Any, messages: Any) -> grpc.GenericRpcHandler:
+    """The method handlers of ``service`` (a ServiceDescriptor whose messages are in the generated
+    module ``messages``), with request decoders that hand undecodable messages to the method (so
+    they get INVALID_ARGUMENT, not UNKNOWN)."""
     kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
              (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
-    handlers = {}
-    for method in SERVICE.methods:
+    table = {}
+    for method in service.methods:
         make = kinds[(method.client_streaming, method.server_streaming)]
-        handlers[method.name] = make(
+        table[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=_decoder(getattr(tts_pb2, method.input_type.name)),
-            response_serializer=getattr(tts_pb2, method.output_type.name).SerializeToString)
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+            request_deserializer=_decoder(getattr(messages, method.input_type.name)),
+            response_serializer=getattr(messages, method.output_type.name).SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, table)
 
 
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -278,10 +300,13 @@ def _reflection_v1(reflector: reflection.aio.ReflectionServicer) -> grpc.Generic
 async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start the gRPC server; returns it, the bound port and its health servicer."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", service.config.server.max_body_bytes)])
-    server.add_generic_rpc_handlers((_handlers(TextToSpeech(service, inflight)),))
+    from lyre.api import riva
+
+    server.add_generic_rpc_handlers((handlers(TextToSpeech(service, inflight), SERVICE, tts_pb2),
+                                     riva.handlers(service, inflight)))
     health = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
-    names = [SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME,
+    names = [SERVICE_NAME, riva.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME,
              REFLECTION_V1]
     reflector = reflection.aio.ReflectionServicer(names)
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, server)
@@ -290,6 +315,6 @@ async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: i
     if bound == 0:
         raise OSError(f"could not bind gRPC to {host}:{port}")
     await server.start()
-    for name in ("", SERVICE_NAME):
+    for name in ("", SERVICE_NAME, riva.SERVICE_NAME):
         await health.set(name, health_pb2.HealthCheckResponse.SERVING)
     return server, bound, health

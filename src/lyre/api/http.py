@@ -46,6 +46,7 @@ from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError
 from lyre.options import SpeechBody, parse
 from lyre.service import SpeechStream, TTSService
+from lyre.utterance import Utterance
 
 log = logging.getLogger("lyre.http")
 
@@ -150,13 +151,13 @@ async def speech(request: web.Request) -> web.StreamResponse:
     fmt = body.response_format or ("mp3" if body.input is not None else "wav")
     check_speed(body.speed)
     check_format(fmt, body.sample_rate)  # refused before admission; the encoder is built after it
-    stream = service.stream(text, body.voice, **body.sampling())
-    log.debug("speech %s: %s, %s", stream.session_id, describe_text(text), fmt)
+    stream = service.speak(text, body.voice, **body.sampling())
+    log.debug("speech: %s, %s", describe_text(text), fmt)
     with request.app[INFLIGHT]:
         return await _respond(request, stream, fmt, body)
 
 
-async def _respond(request: web.Request, stream: SpeechStream, fmt: str, body: SpeechBody) -> web.StreamResponse:
+async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: str, body: SpeechBody) -> web.StreamResponse:
     """Stream ``stream`` as the response. Every path ends the synthesis and releases the encoder."""
     sse = body.stream_format == "sse"
     resp: web.StreamResponse | None = None
@@ -188,7 +189,7 @@ async def _respond(request: web.Request, stream: SpeechStream, fmt: str, body: S
         if resp is None:  # nothing sent yet: the status says it
             raise error from None
         # failed mid-stream: the status is sent; say so and end the body
-        log.warning("stream %s ended early: %s", stream.session_id, error)
+        log.warning("speech stream ended early: %s", error)
         if sse:
             with contextlib.suppress(ConnectionResetError):
                 await _sse(resp, {"type": "error", "error": error_body(error)})
@@ -196,7 +197,7 @@ async def _respond(request: web.Request, stream: SpeechStream, fmt: str, body: S
             request.transport.close()
         return resp
     except ConnectionResetError:  # the client went away (its synthesis is cancelled below)
-        log.debug("stream %s: the client disconnected", stream.session_id)
+        log.debug("speech stream: the client disconnected")
         return resp
     finally:
         await stream.aclose()
