@@ -83,8 +83,9 @@ def server(demo_dir):
 
 
 def same_speech(a: bytes, b: bytes) -> bool:
-    """Two s16le PCM renderings of the same tokens: equal but for the codec's float rounding, which
-    may differ by a step with how frames were batched."""
-    x, y = (np.frombuffer(pcm, dtype=np.int16).astype(int) for pcm in (a, b))
-    return len(x) == len(y) and int(np.abs(x - y).max(initial=0)) <= 2
-
+    """Two s16le PCM renderings of the same tokens. The codec's float arithmetic differs a little
+    with how its frames were batched, which depends on timing (tens of units near the first chunk
+    on a loaded machine), so: equal length and nearly the same waveform. Different tokens (another
+    voice or seed) are uncorrelated."""
+    x, y = (np.frombuffer(pcm, dtype=np.int16).astype(float) for pcm in (a, b))
+    return len(x) == len(y) and float(np.corrcoef(x, y)[0, 1]) > 0.99

@@ -57,6 +57,13 @@ def test_openai_length_input_is_split_and_spoken_as_one_stream(openai_client):
     assert pieces == int(pieces) and pieces >= len(text) / 250
 
 
+@pytest.mark.parametrize("speed", [0.5, 2.0, 4.0])
+def test_openai_speed_stretches_time(openai_client, speed):
+    pcm = openai_client.audio.speech.create(model="tts-1", voice="alloy", input="At speed.", response_format="pcm",
+                                            speed=speed).content
+    assert len(pcm) // 2 == round(4 * 2048 / speed)  # time-stretched (FFmpeg atempo), pitch kept
+
+
 @pytest.mark.parametrize("fmt", ["mp3", "opus", "aac", "flac"])
 def test_compressed_formats_decode_to_the_right_duration(openai_client, fmt):
     data = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Compressed", response_format=fmt).content

@@ -205,8 +205,3 @@ async def encode(encoder: AudioEncoder, pcm: Any) -> bytes:
 
 async def finish(encoder: AudioEncoder) -> bytes:
     return await _off_loop(encoder, encoder.finish)
-
-
-def check_speed(speed: float | None) -> None:
-    if speed is not None and speed != 1.0:
-        raise OutOfRange(f"'speed' = {speed} is not supported: Lyre speaks at speed 1.0 only")

@@ -157,7 +157,7 @@ class TextToSpeech(Servicer):
             fmt, rate = _audio_format(request.audio)
             stream = self.service.speak(request.text, request.voice or None, **_sampling(request.sampling))
             log.debug("Synthesize: %s", describe_text(request.text))
-            encoder = AudioEncoder(fmt, rate)
+            encoder = AudioEncoder(fmt, rate, stream=False)  # one response: a whole file (headers filled in)
             return tts_pb2.SynthesizeResponse(
                 audio=await whole_audio(stream, encoder),
                 audio_config=tts_pb2.AudioConfig(encoding=request.audio.encoding or tts_pb2.LINEAR16,

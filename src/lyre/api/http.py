@@ -32,7 +32,6 @@ from aiohttp import web
 from lyre.api.common import (
     InFlight,
     cancelled_by_drain,
-    check_speed,
     classify,
     describe_text,
     encode,
@@ -149,7 +148,6 @@ async def speech(request: web.Request) -> web.StreamResponse:
     if text is None:
         raise InvalidRequest("'input' is required")
     fmt = body.response_format or ("mp3" if body.input is not None else "wav")
-    check_speed(body.speed)
     check_format(fmt, body.sample_rate)  # refused before admission; the encoder is built after it
     stream = service.speak(text, body.voice, **body.sampling())
     log.debug("speech: %s, %s", describe_text(text), fmt)
@@ -165,7 +163,7 @@ async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: 
     try:
         # Wait for the first chunk before answering, so an early failure still gets its status.
         first = await anext(stream, None)
-        encoder = AudioEncoder(fmt, body.sample_rate)
+        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0)
         headers = {"Content-Type": "text/event-stream" if sse else encoder.content_type,
                    "X-Sample-Rate": str(encoder.sample_rate), "Cache-Control": "no-cache"}
         resp = web.StreamResponse(headers=headers)

@@ -123,7 +123,7 @@ class RivaSpeechSynthesis(Servicer):
             s = settings(request, self.service)
             stream = self.service.speak(request.text, s.voice, **s.sampling)
             log.debug("Riva Synthesize: %s, %s at %d Hz", describe_text(request.text), s.format, s.sample_rate)
-            return _response(request, await whole_audio(stream, AudioEncoder(s.format, s.sample_rate)), request.text)
+            return _response(request, await whole_audio(stream, AudioEncoder(s.format, s.sample_rate, stream=False)), request.text)
 
     async def SynthesizeOnline(self, request_iterator, context) -> AsyncIterator[Any]:
         async with self._serving(context):
