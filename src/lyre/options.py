@@ -79,6 +79,7 @@ class WsMessage(SamplingOptions):
 
     context_id: Name | None = None
     text: Text | None = None
+    input: Text | None = None  # OpenAI's name for ``text`` (one of the two, not both)
     append: str | None = None  # checked by the Utterance, which joins a character split between appends
     flush: bool | None = None
     end: bool | None = None

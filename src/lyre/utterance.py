@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,8 @@ class Utterance:
         self._text = SentenceStream(max_chars)
         self._queue: deque[str] = deque()  # complete pieces not started yet
         self._queued_chars = 0
-        self._streams: deque[SpeechStream] = deque()  # started, in order: [0] is being heard
+        self._streams: deque[tuple[SpeechStream, float]] = deque()  # started (and when), in order: [0] is heard
+        self._ready_at: float | None = None  # when the first piece was complete: TTFB counts from here
         self._changed = asyncio.Event()
         self._held = ""  # a high surrogate whose pair comes with the next append
         self.ended = False  # no more text will come
@@ -88,7 +90,7 @@ class Utterance:
     def cancel(self) -> None:
         """Stop at once: every started piece is cancelled (its KV slot freed), nothing more is spoken."""
         self.ended = self.closed = True
-        for stream in self._streams:
+        for stream, _ in self._streams:
             stream.cancel()
         self._streams.clear()
         self._queue.clear()
@@ -127,6 +129,8 @@ class Utterance:
             self._queue.append(piece)
             self._queued_chars += len(piece)
         if pieces:
+            if self._ready_at is None:
+                self._ready_at = time.monotonic()
             self._start(raise_overload=False)
             self._changed.set()
 
@@ -136,6 +140,7 @@ class Utterance:
         is playing, so overload is the caller's answer."""
         while self._queue and len(self._streams) <= AHEAD:
             piece = self._queue[0]
+            started_at = time.monotonic()  # not after the session's own start (its TTFB's origin)
             try:
                 stream = self._service.stream(piece, self._voice, **self._sampling)
             except OverloadedError:
@@ -144,7 +149,7 @@ class Utterance:
                 return
             self._queue.popleft()
             self._queued_chars -= len(piece)
-            self._streams.append(stream)
+            self._streams.append((stream, started_at))
             self.pieces.append(piece)
 
     # --- the consumer side ----------------------------------------------------------------------
@@ -173,12 +178,12 @@ class Utterance:
                     self._changed.clear()
                     await self._changed.wait()
                     continue
-                stream = self._streams[0]
+                stream, started_at = self._streams[0]
                 try:
                     chunk = await stream.__anext__()
                 except StopAsyncIteration:
                     self._streams.popleft()
-                    self._count(stream.metrics or {})
+                    self._count(stream.metrics or {}, started_at)
                     continue
                 chunk = dataclasses.replace(chunk, offset_samples=self._samples, index=self._index)
                 self._samples += len(chunk.pcm)
@@ -190,9 +195,13 @@ class Utterance:
             self.cancel()
             raise
 
-    def _count(self, m: dict[str, Any]) -> None:
-        if self.metrics["ttfb_ms"] is None:
-            self.metrics["ttfb_ms"] = m.get("ttfb_ms")
+    def _count(self, m: dict[str, Any], started_at: float) -> None:
+        """Add a finished piece's metrics. TTFB is the utterance's: from when its first piece was complete
+        (the message that completed it, not the socket's idle time before) to its first audio, so a
+        piece that had to wait for admission counts that wait."""
+        if self.metrics["ttfb_ms"] is None and m.get("ttfb_ms") is not None:
+            ready_at = started_at if self._ready_at is None else self._ready_at
+            self.metrics["ttfb_ms"] = m["ttfb_ms"] + 1000 * max(0.0, started_at - ready_at)
         for key in ("tokens", "prompt_tokens", "audio_seconds", "chunks", "late_chunks"):
             self.metrics[key] += m.get(key, 0) or 0
         self.metrics["pieces"] += 1

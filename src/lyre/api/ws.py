@@ -3,19 +3,28 @@ calls and their audio into frames; the utterance owns text splitting, ordering a
 
 Each message is one JSON object (:class:`lyre.options.WsMessage`):
 
-- ``{"text": ..., "voice": ...}``: seed 004's exchange: the whole text, binary audio frames, then
-  ``{"done": true, "metrics": {...}}``;
+- ``{"text": ..., "voice": ...}`` (or ``"input"``, OpenAI's name; not both): seed 004's exchange:
+  the whole text, binary audio frames, then ``{"done": true, "metrics": {...}}``;
 - with ``"context_id"``: several utterances on one socket, audio as
   ``{"type": "audio", "context_id", "sequence", "audio": base64}`` frames;
 - ``"append"`` adds text (spoken once a clause or sentence is complete), ``"flush"`` speaks what
   has arrived, ``"end"`` ends the context after its audio, ``"cancel"`` stops it at once.
 
-Options (voice, format, sample rate, sampling) come with a context's first message. Every bad
-message gets an ``{"error": {...}}`` frame (with its ``context_id``) and changes nothing else:
-other contexts on the socket go on. Limits: ``server.ws_max_message_bytes`` (larger messages close
-the socket with 1009), ``server.max_contexts_per_socket``, ``server.ws_idle_timeout_s`` (a socket
-with no open context and no message for that long is closed with 1000). There is no heartbeat: a
-listener that reads slowly is ended by the slow-consumer rule, not by a missed pong.
+Settings (voice, response_format/format, sample_rate, sampling) are fixed by a context's first
+message: a later message on the open context may repeat them (an alias of its voice included), and
+one that would change them is refused. Without a context_id, ``text`` opens, speaks and ends the
+context; the next ``text`` after its ``done`` opens a new one with its own settings (one sent
+before is refused: the context is still sending its audio). ``metrics.ttfb_ms`` counts from the
+message that completed the context's first piece (its text, or the append, flush or end that
+completed it), not from when the context was opened.
+
+Every bad message (not JSON, unknown fields, no action, wrong types, a refused setting) gets an
+``{"error": {...}}`` frame (with its ``context_id``) and changes nothing else: a refused first
+message opens nothing, and other contexts on the socket go on. Limits: ``server.ws_max_message_bytes``
+(larger messages close the socket with 1009), ``server.max_contexts_per_socket``,
+``server.ws_idle_timeout_s`` (a socket with no open context and no message for that long is closed
+with 1000). There is no heartbeat: a listener that reads slowly is ended by the slow-consumer rule,
+not by a missed pong.
 """
 
 from __future__ import annotations
@@ -40,13 +49,13 @@ from lyre.api.common import (
 from lyre.api.http import INFLIGHT, SERVICE, draining
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
-from lyre.options import WsMessage, parse
+from lyre.options import SamplingOptions, WsMessage, parse
 from lyre.service import TTSService
 from lyre.utterance import Utterance
 
 log = logging.getLogger("lyre.ws")
 
-ACTIONS = ("text", "append", "flush", "end")
+SETTINGS = ("voice", "response_format", "format", "sample_rate", *SamplingOptions.model_fields)
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -120,28 +129,25 @@ class Socket:
                 await ctx.stop()
             await self.send({"done": True, "cancelled": True, **({"context_id": cid} if cid is not None else {})})
             return
-        if not any(getattr(m, a) not in (None, False) for a in ACTIONS):
-            raise InvalidRequest("a message needs one of: text, append, flush, end, cancel")
-        if m.text is not None and not m.text.strip():
-            raise InvalidRequest("text is empty: there is nothing to speak")
+        text, field = whole_text(m)
+        if text is None and m.append is None and not m.flush and not m.end:
+            raise InvalidRequest("a message needs one of: text (or input), append, flush, end, cancel")
+        if text is not None and not text.strip():
+            raise InvalidRequest(f"{field} is empty: there is nothing to speak")
         if ctx is None:
-            if m.text is None and m.append is None:
+            if text is None and m.append is None:
                 raise InvalidRequest(f"unknown context {cid!r}: start it with 'text' or 'append'" if cid is not None
                                      else "nothing to flush or end: start with 'text' or 'append'")
-            ctx = self.open(m)
-        elif ctx.utterance.ended:
+            self.open(m, text)
+            return
+        if ctx.utterance.ended:
             raise InvalidRequest("this context has ended and is still sending its audio: wait for its done "
                                  "message" + (", or use another context_id" if cid is not None else ""))
-        utterance = ctx.utterance
-        for text in (m.text, m.append):
-            if text is not None:
-                utterance.append(text)
-        if m.flush:
-            utterance.flush()
-        if m.text is not None or m.end:  # seed 004: a whole text is one utterance, then done
-            utterance.end()
+        ctx.check_settings(m)
+        feed(ctx.utterance, m, text)
 
-    def open(self, m: WsMessage) -> Context:
+    def open(self, m: WsMessage, text: str | None) -> None:
+        """A new context with its first message's settings and text; a refused first message opens nothing."""
         if self.inflight.draining:
             raise ServiceUnavailable("the server is shutting down: no new contexts")
         limit = self.service.config.server.max_contexts_per_socket
@@ -149,12 +155,21 @@ class Socket:
             raise InvalidRequest(f"this socket has {len(self.contexts)} open contexts; "
                                  f"server.max_contexts_per_socket is {limit}")
         fmt = m.response_format or m.format or "pcm"
-        check_format(fmt, m.sample_rate)
+        rate = check_format(fmt, m.sample_rate)
         utterance = self.service.utterance(m.voice, **m.sampling())
-        first = m.text if m.text is not None else m.append
-        log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first or ""), fmt)
-        ctx = self.contexts[m.context_id] = Context(self, m.context_id, utterance, AudioEncoder(fmt, m.sample_rate))
-        return ctx
+        try:
+            feed(utterance, m, text)
+            encoder = AudioEncoder(fmt, m.sample_rate)
+        except BaseException:
+            utterance.cancel()
+            raise
+        cfg = self.service.config
+        settings = {"voice": cfg.model.resolve_voice(m.voice or cfg.model.default_voice), "response_format": fmt,
+                    "sample_rate": rate, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
+                    **m.sampling()}  # what the context uses: given or default
+        first = text if text is not None else m.append
+        log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)
+        self.contexts[m.context_id] = Context(self, m.context_id, utterance, encoder, settings)
 
     def ended(self, ctx: Context) -> None:
         if self.contexts.get(ctx.cid) is ctx:
@@ -187,13 +202,49 @@ class Socket:
                 await self.ws.send_json(message)
 
 
+def feed(utterance: Utterance, m: WsMessage, text: str | None) -> None:
+    """A message's text and actions, in order; ``text`` (a whole text) ends the utterance after it (seed 004)."""
+    for piece in (text, m.append):
+        if piece is not None:
+            utterance.append(piece)
+    if m.flush:
+        utterance.flush()
+    if text is not None or m.end:
+        utterance.end()
+
+
+def whole_text(m: WsMessage) -> tuple[str | None, str]:
+    """A message's whole text and the name it came under: ``text``, or ``input`` (OpenAI's name)."""
+    if m.text is not None and m.input is not None:
+        raise InvalidRequest("give the text as 'text' or as 'input' (its OpenAI name), not both")
+    return (m.input, "input") if m.input is not None else (m.text, "text")
+
+
 class Context:
     """One utterance on a socket and the task sending its audio, in order."""
 
-    def __init__(self, socket: Socket, cid: str | None, utterance: Utterance, encoder: AudioEncoder):
+    def __init__(self, socket: Socket, cid: str | None, utterance: Utterance, encoder: AudioEncoder,
+                 settings: dict[str, Any]):
         self.socket, self.cid, self.utterance, self.encoder = socket, cid, utterance, encoder
+        self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
         self.sequence = 0
         self.task = asyncio.get_running_loop().create_task(self._pump())
+
+    def check_settings(self, m: WsMessage) -> None:
+        """A later message may repeat this context's settings; one that would change them is refused."""
+        for name in SETTINGS:
+            value = getattr(m, name)
+            if value is None:
+                continue
+            key = "response_format" if name == "format" else name
+            if key == "voice":
+                value = self.socket.service.config.model.resolve_voice(value) or value
+            if value != self.settings[key]:
+                now = self.settings[key]
+                which, hint = (f"context {self.cid!r}", "open another context_id") if self.cid is not None else (
+                    "the utterance without a context_id", "send 'end' and wait for its done message, or use a context_id")
+                raise InvalidRequest(f"{which} is already open with {name} {'unset' if now is None else repr(now)}: "
+                                     f"settings are fixed by its first message; {hint}")
 
     async def stop(self, error: LyreError | None = None) -> None:
         """Cancel at once (nothing more is sent but ``error``, when given)."""
