@@ -3,6 +3,7 @@ against ``tests/fake_trtllm.py`` (a FAKE of ``tensorrt_llm.bindings.executor``: 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -11,13 +12,8 @@ import torch
 
 from lyre import orpheus
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.engine.trtllm_engine import (
-    AudioConstraint,
-    TrtllmEngine,
-    TrtllmEngineConfig,
-    constrain_logits,
-    executor_priority,
-)
+from lyre.engine.trtllm_constraint import AudioConstraint, constrain_logits
+from lyre.engine.trtllm_engine import TrtllmEngine, TrtllmEngineConfig, executor_priority
 
 from .. import fake_trtllm as tle
 
@@ -283,7 +279,7 @@ def test_the_first_token_is_constrained_even_when_the_executor_samples_it_before
 def test_a_constraint_that_fails_for_one_request_ends_only_that_request(engine, monkeypatch):
     """An exception out of the post-processor would make the executor fail every active request
     (the fake does as the real one): the constraint keeps it in, and only its request ends."""
-    import lyre.engine.trtllm_engine as module
+    import lyre.engine.trtllm_constraint as module
 
     constrain = module.constrain_logits
     faults = [RuntimeError("simulated constraint fault")]
@@ -306,6 +302,69 @@ def test_a_constraint_that_fails_for_one_request_ends_only_that_request(engine, 
         c = tokens(out[r])
         assert len(c) == 21 and all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET
                                     + (k % 7 + 1) * 4096 for k, t in enumerate(c))
+    assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
+
+
+class HeldInbox(queue.Queue):
+    """The engine's inbox with the pump's deliveries held back until released: the executor can run
+    ahead of the responses the engine thread has seen, as the real one does under load."""
+
+    def __init__(self, expect: int) -> None:
+        super().__init__()
+        self.holding = True
+        self.held: list = []
+        self.arrived = threading.Event()  # set once ``expect`` responses are held
+        self.expect = expect
+
+    def put(self, item, block=True, timeout=None) -> None:
+        if not self.holding:
+            return super().put(item, block, timeout)
+        self.held.append(item)
+        if len(self.held) >= self.expect:
+            self.arrived.set()
+
+    def release(self, n: int | None = None) -> None:
+        """Hand over the first ``n`` held responses (all, and stop holding, when ``n`` is None)."""
+        if n is None:
+            self.holding, n = False, len(self.held)
+        for item in self.held[:n]:
+            super().put(item)
+        del self.held[:n]
+
+
+def test_tokens_sampled_before_a_constraint_failure_are_delivered_even_when_they_arrive_after_it(engine,
+                                                                                             monkeypatch):
+    """The executor thread can record a failure before the pump hands over the responses of the
+    iterations before it: the engine still delivers every token sampled under the constraint (and
+    no more), then ends the request."""
+    import lyre.engine.trtllm_constraint as module
+
+    constrain = module.constrain_logits
+
+    def failing(logits, k, allow_stop):
+        if k == 6:
+            raise RuntimeError("simulated constraint fault")
+        constrain(logits, k, allow_stop)
+
+    monkeypatch.setattr(module, "constrain_logits", failing)
+    inbox = HeldInbox(expect=7)
+    monkeypatch.setattr(engine, "_inbox", inbox)
+    engine.add(req("a", max_tokens=21, min_tokens=21, seed=7))
+    for _ in range(7):  # tokens 0-5 under the constraint, then token 6 sampled after it failed
+        engine.executor.tick()
+    assert inbox.arrived.wait(10)
+    assert engine.constraint.failed
+    inbox.release(5)  # the engine has seen 5 tokens when it learns of the failure; 2 are on their way
+    first = engine.step()
+    assert len(tokens(first)) == 5
+    assert not any(d.finished for d in first)  # not ended while a good token is still on its way
+    inbox.release()
+    rest = run(engine).get("a", [])
+    got = tokens(first) + tokens(rest)
+    assert rest[-1].finish_reason == "error" and "simulated constraint fault" in rest[-1].error
+    assert len(got) == 6
+    assert all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET + (k % 7 + 1) * 4096
+               for k, t in enumerate(got))
     assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
 
 

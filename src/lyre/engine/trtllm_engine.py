@@ -52,17 +52,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-import torch
-
 from lyre import orpheus
 from lyre.config import LyreConfig
 from lyre.engine.backend import Manifest
 from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta, check_prompt
+from lyre.engine.trtllm_constraint import AudioConstraint
 
 log = logging.getLogger("lyre.engine")
-
-BAND = orpheus.CODEBOOK_SIZE
-
 
 @dataclass(frozen=True)
 class TrtllmEngineConfig:
@@ -103,109 +99,6 @@ def executor_priority(priority: int) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# constrained audio sampling as a batched logits post-processor
-
-
-def constrain_logits(logits: torch.Tensor, audio_index: int, allow_stop: bool) -> None:
-    """In place over the last dim of ``logits`` (..., vocab): only the codes of frame slot
-    ``audio_index % 7`` stay, plus end-of-speech at a frame boundary when ``allow_stop``."""
-    slot = audio_index % orpheus.FRAME_TOKENS
-    lo = orpheus.AUDIO_TOKEN_OFFSET + slot * BAND
-    band = logits[..., lo:lo + BAND].clone()
-    stop = logits[..., orpheus.END_OF_SPEECH].clone()
-    logits.fill_(float("-inf"))
-    logits[..., lo:lo + BAND] = band
-    if slot == 0 and allow_stop:
-        logits[..., orpheus.END_OF_SPEECH] = stop
-
-
-@dataclass
-class _Constrained:
-    prompt_len: int
-    min_tokens: int
-    audio_start: int | None  # index in the token list of the first audio token; None before start-of-speech
-    scanned: int = 0  # tokens already searched for start-of-speech
-
-
-class AudioConstraint:
-    """The executor's ``LogitsPostProcessorBatched``: ``(req_ids, logits, beam_tokens, stream_ptr,
-    client_ids)``; ``logits[i]`` is a (1, beam, vocab) view of the GPU logits, edited in place on
-    the executor's CUDA stream ``stream_ptr``, and ``beam_tokens[i][0]`` holds the prompt and the
-    tokens generated so far (``LlmRequest::getTokens``). Only requests that name the batched
-    processor are passed.
-
-    It runs on the executor's own thread, from the iteration that samples a request's first token
-    on: that can come right after ``enqueue_request`` returns, before the executor id it returned
-    is stored anywhere. So requests are known by their ``client_id`` (Lyre's own number for the
-    request, set on the executor ``Request``) and registered BEFORE enqueueing. Registered and
-    dropped from the engine thread, read from the executor's (single dict operations; the GIL
-    orders them).
-
-    It never raises: the executor answers an exception here by failing every active request. A
-    request whose constraint fails is left out and listed in ``failed`` (the engine ends it)."""
-
-    def __init__(self) -> None:
-        self.requests: dict[int, _Constrained] = {}
-        self.failed: dict[int, str] = {}  # client id -> why; taken by the engine thread
-
-    def register(self, client_id: int, prompt_ids: list[int], min_tokens: int) -> None:
-        start = len(prompt_ids) if prompt_ids[-1] == orpheus.START_OF_SPEECH else None
-        self.requests[client_id] = _Constrained(len(prompt_ids), min_tokens, start, scanned=len(prompt_ids))
-
-    def drop(self, client_id: int) -> None:
-        self.requests.pop(client_id, None)
-
-    def __call__(self, req_ids, logits_list, beam_tokens, stream_ptr, client_ids) -> None:
-        try:
-            rows = [row for row in map(self._row, client_ids, logits_list, beam_tokens) if row is not None]
-            if not rows:
-                return
-            if rows[0][1].is_cuda:  # masks go on the executor's stream, ordered before its sampling
-                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
-                    self._apply(rows)
-            else:
-                self._apply(rows)
-        except Exception as e:  # noqa: BLE001 - never into the executor (see the class doc)
-            log.exception("audio constraint failed for a whole batch")
-            for client_id in client_ids:
-                if client_id in self.requests:
-                    self._fail(client_id, e)
-
-    def _row(self, client_id, logits, beams) -> tuple[int, torch.Tensor, int, bool] | None:
-        """(client id, logits, audio token index, end-of-speech allowed) for a constrained request."""
-        state = self.requests.get(client_id) if client_id is not None else None
-        if state is None or client_id in self.failed:
-            return None
-        try:
-            tokens = beams[0]
-            if state.audio_start is None:  # free sampling until start-of-speech comes
-                for i in range(state.scanned, len(tokens)):
-                    if tokens[i] == orpheus.START_OF_SPEECH:
-                        state.audio_start = i + 1
-                state.scanned = len(tokens)
-                if state.audio_start is None:
-                    return None
-            generated = len(tokens) - state.prompt_len
-            return client_id, logits, len(tokens) - state.audio_start, generated >= state.min_tokens
-        except Exception as e:  # noqa: BLE001 - this request's own fault
-            self._fail(client_id, e)
-            return None
-
-    def _apply(self, rows: list[tuple[int, torch.Tensor, int, bool]]) -> None:
-        for client_id, logits, k, allow_stop in rows:
-            try:
-                constrain_logits(logits, k, allow_stop)
-            except Exception as e:  # noqa: BLE001 - this request's own fault
-                self._fail(client_id, e)
-
-    def _fail(self, client_id: int, error: Exception) -> None:
-        if client_id not in self.requests:  # finished meanwhile (the engine thread dropped it)
-            return
-        log.warning("audio constraint failed for client id %d: %s: %s", client_id, type(error).__name__, error)
-        self.failed[client_id] = f"the audio constraint failed: {type(error).__name__}: {error}"
-
-
-# --------------------------------------------------------------------------------------------
 # the engine
 
 
@@ -216,6 +109,8 @@ class _InFlight:
     exec_id: int
     generated: int = 0
     cancelled: bool = False
+    failure: str | None = None  # its audio constraint failed: deliver ``good`` tokens, then end with this
+    good: int = 0
 
 
 @dataclass
@@ -353,12 +248,12 @@ class TrtllmEngine:
         flight = self._live.get(request_id)
         if flight is None or flight.cancelled:
             return
+        flight.cancelled = True  # whatever the executor still sends for it is dropped
         self._cancelled.append(flight)
         self._abort(flight)
 
     def _abort(self, flight: _InFlight) -> None:
-        """Stop ``flight`` inside the executor; whatever it still sends for it is dropped."""
-        flight.cancelled = True
+        """Stop ``flight`` inside the executor."""
         try:
             self.executor.cancel_request(flight.exec_id)
         except Exception:  # already finished inside the executor: nothing to cancel
@@ -374,11 +269,7 @@ class TrtllmEngine:
         for flight in self._cancelled:
             deltas[flight.request.request_id] = self._finish(flight, "cancelled")
         self._cancelled.clear()
-        if self.constraint.failed:  # usually empty: no scan of the live requests
-            for flight in [f for f in self._live.values() if f.client_id in self.constraint.failed]:
-                error = self.constraint.failed.pop(flight.client_id)
-                self._abort(flight)
-                deltas[flight.request.request_id] = self._finish(flight, "error", error)
+        failing = self._take_constraint_failures()
         for item in self._drain():
             if isinstance(item, _PumpFailure):
                 self._failed = f"{type(item.error).__name__}: {item.error}"
@@ -386,8 +277,28 @@ class TrtllmEngine:
                     deltas[flight.request.request_id] = self._finish(flight, "error", self._failed)
                 continue
             self._on_response(item, deltas)
+        for flight in failing:  # every token sampled under the constraint delivered: it ends here
+            if flight.request.request_id in self._live and flight.generated >= flight.good:
+                self._end_failed(flight, deltas)
         self._poll_iteration_stats()
         return list(deltas.values())
+
+    def _take_constraint_failures(self) -> list[_InFlight]:
+        """Requests whose audio constraint failed since the last step: stopped in the executor, they
+        end once the tokens sampled before the failure (some may still be on their way) are delivered."""
+        failing = [f for f in self._live.values() if f.failure is not None]
+        if self.constraint.failed:  # usually empty: no scan of the live requests
+            for flight in [f for f in self._live.values() if f.client_id in self.constraint.failed]:
+                flight.failure, flight.good = self.constraint.failed.pop(flight.client_id)
+                self.constraint.drop(flight.client_id)
+                self._abort(flight)
+                failing.append(flight)
+        return failing
+
+    def _end_failed(self, flight: _InFlight, deltas: dict[str, TokenDelta]) -> None:
+        rid = flight.request.request_id
+        tokens = deltas[rid].token_ids if rid in deltas else []
+        deltas[rid] = self._finish(flight, "error", flight.failure, tokens)
 
     def _drain(self) -> list[Any]:
         items = []
@@ -402,8 +313,6 @@ class TrtllmEngine:
 
     def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
         flight = self._by_exec.get(response.request_id)
-        if flight is not None and flight.client_id in self.constraint.failed:
-            return  # sampled without its constraint: the next step ends it
         if flight is None or flight.cancelled:  # finished or cancelled already: late responses are dropped
             if flight is None and response.has_error():
                 log.warning("TensorRT-LLM error for request %s: %s", response.request_id, response.error_msg)
@@ -411,16 +320,19 @@ class TrtllmEngine:
         rid = flight.request.request_id
         delta = deltas.setdefault(rid, TokenDelta(rid, []))
         if response.has_error():
-            deltas[rid] = self._finish(flight, "error", response.error_msg, delta.token_ids)
+            deltas[rid] = self._finish(flight, "error", flight.failure or response.error_msg, delta.token_ids)
             return
         result = response.result
         new = list(result.output_token_ids[0]) if result.output_token_ids else []
-        room = flight.request.sampling.max_tokens - flight.generated
-        new = new[:max(room, 0)]
+        limit = flight.good if flight.failure is not None else flight.request.sampling.max_tokens
+        new = new[:max(limit - flight.generated, 0)]  # nothing sampled without the constraint goes out
         flight.generated += len(new)
         self.total_tokens += len(new)
         delta.token_ids.extend(new)
-        if result.is_final:
+        if flight.failure is not None:
+            if result.is_final or flight.generated >= flight.good:
+                self._end_failed(flight, deltas)
+        elif result.is_final:
             reasons = list(result.finish_reasons or [])
             deltas[rid] = self._finish(flight, self._reason(reasons[0] if reasons else None), None, delta.token_ids)
 
