@@ -13,7 +13,8 @@ scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc
 runs already, else a server the benchmark starts from --config/--set and stops by its process id.
 Per request: TTFB, real-time factor, underruns of a player that starts at the first byte. Per run:
 TTFB p50/p95/p99, underruns and share of streams with none, success rate, audio seconds per wall
-second, and the server's tokens/s from /v1/stats. --baseline transformers measures the peer (the
+second, and the server's tokens/s from /v1/stats. --protocol rest --format opus (mp3, flac, ...)
+measures another response_format: TTFB to its first encoded byte, no underruns. --baseline transformers measures the peer (the
 same checkpoint served with transformers generate + SNAC, one request at a time) in the same run.
 engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential.
 service: streams through the library API (no network), per scheduler policy and codec mode.
@@ -32,11 +33,13 @@ import sys
 from pathlib import Path
 
 from lyre import checkpoint
+from lyre.audio import FORMATS
 from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
+from lyre.benchmarks.load import parse_slo
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 
 
@@ -72,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--rps", type=float, default=1.0, help="open-loop Poisson arrival rate in --mode all")
     load.add_argument("--texts", help="built-in set (conversational, longform) or a file with one text per line")
     load.add_argument("--voice", help="voice for every request (default: the server's)")
+    load.add_argument("--format", default="pcm", choices=FORMATS,
+                      help="REST response_format (default pcm). Another format: TTFB is the first byte of the "
+                           "encoded body, audio seconds come from decoding it, underruns are not measured")
     load.add_argument("--api-key", help="Bearer token for a server that needs one")
     load.add_argument("--find-max", action="store_true", help="bisect for the largest concurrency meeting --slo")
     load.add_argument("--slo", default="success=1.0,ttfb_p95_ms=150,underruns=0",
@@ -151,6 +157,12 @@ def main(argv=None) -> int:
                                        progress=say)
             text = service_bench.table(result)
         else:
+            if args.format != "pcm" and args.protocol != "rest":
+                p.error("--format is for --protocol rest (WebSocket and gRPC load use PCM)")
+            if args.format != "pcm" and (args.plot or args.find_max and
+                                         {"underruns", "real_time_share"} & set(parse_slo(args.slo))):
+                p.error(f"--format {args.format} measures no underruns: --plot and an --slo with underruns or "
+                        "real_time_share need --format pcm")
             if args.protocol == "grpc" and args.url and not args.grpc_url:
                 p.error("--protocol grpc with --url needs --grpc-url host:port")
             if args.policies and set(args.policies.split(",")) - {"fair", "deadline"}:

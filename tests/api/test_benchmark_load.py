@@ -68,6 +68,22 @@ def test_all_mode_against_a_running_server_over_grpc(server, tmp_path):
     assert [lv["concurrency"] for lv in result["engines"]["lyre"]["levels"]] == [1, 2]
 
 
+def test_an_encoded_format_over_rest_reports_ttfb_and_decoded_seconds_without_underruns(server, tmp_path):
+    out = tmp_path / "opus.json"
+    run = bench("--mode", "scaling", "--levels", "2", "--requests", "2", "--protocol", "rest", "--format", "opus",
+                "--url", server.http, "--find-max", "--slo", "success=1.0,ttfb_p95_ms=60000", "--output", str(out))
+    assert run.returncode == 0, run.stderr[-3000:]
+    level = json.loads(out.read_text())["engines"]["lyre"]["levels"][0]
+    assert level["success_rate"] == 1.0 and level["ttfb_ms_p50"] > 0
+    assert all(abs(r["audio_s"] - 28 / 7 * 2048 / 24000) < 0.03 for r in level["per_request"])  # decoded Opus
+    assert level["underruns"] is None and level["real_time_streams"] is None
+    assert "     -/2" in run.stdout  # real-time streams: not measured
+    refused = bench("--mode", "scaling", "--protocol", "rest", "--format", "opus", "--url", server.http, "--find-max")
+    assert refused.returncode == 2 and "measures no underruns" in refused.stderr
+    ws = bench("--mode", "scaling", "--protocol", "ws", "--format", "mp3", "--url", server.http)
+    assert ws.returncode == 2 and "--format is for --protocol rest" in ws.stderr
+
+
 def test_tuning_mode_restarts_the_server_per_setting_and_names_the_best(tmp_path):
     out = tmp_path / "tuning.json"
     run = bench("--mode", "tuning", "--grid-policies", "fair,deadline", "--grid-batch", "4", "--grid-flush", "7:14",

@@ -4,7 +4,9 @@ over REST, WebSocket or gRPC, measuring what matters for voice.
 Per request: TTFB (request sent -> first audio byte), real-time factor (wall time / audio time) and
 underruns of a simulated player that starts at the first byte (an underrun is a chunk that arrives
 after the audio before it has finished playing). Audio is requested as 24 kHz PCM so its duration
-is exact.
+is exact; over REST another ``response_format`` may be asked for (``--format``): TTFB is then the
+first byte of the encoded body, the audio's duration comes from decoding the whole body, and
+underruns are not measured (None).
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class RequestResult:
     ttfb_ms: float | None = None
     audio_s: float = 0.0
     wall_s: float = 0.0
-    underruns: int = 0
+    underruns: int | None = 0  # None: not measured (an encoded format)
     error: str | None = None
 
     @property
@@ -100,8 +102,10 @@ class Target:
     """Where and how requests go."""
 
     def __init__(self, protocol: str, http_url: str | None, grpc_target: str | None, voice: str | None,
-                 extra: dict[str, Any] | None = None, api_key: str | None = None):
-        self.protocol, self.http, self.grpc, self.voice = protocol, http_url, grpc_target, voice
+                 extra: dict[str, Any] | None = None, api_key: str | None = None, fmt: str = "pcm"):
+        if fmt != "pcm" and protocol != "rest":
+            raise ValueError(f"--format {fmt} is for --protocol rest (WebSocket and gRPC load use PCM)")
+        self.protocol, self.http, self.grpc, self.voice, self.format = protocol, http_url, grpc_target, voice, fmt
         self.extra = extra or {}
         self.api_key = api_key
         self._session = self._channel = None
@@ -138,12 +142,21 @@ class Target:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     async def _rest(self, text: str, player: Player) -> None:
-        body = {"input": text, "response_format": "pcm", **({"voice": self.voice} if self.voice else {}), **self.extra}
+        body = {"input": text, "response_format": self.format, **({"voice": self.voice} if self.voice else {}),
+                **self.extra}
+        encoded: list[bytes] = []
         async with self._session.post(self.http + "/v1/audio/speech", json=body, headers=self._headers()) as r:
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
             async for chunk in r.content.iter_any():
-                player.arrive(len(chunk))
+                if self.format == "pcm":
+                    player.arrive(len(chunk))
+                else:
+                    player.first = player.first or time.perf_counter()
+                    encoded.append(chunk)
+        if self.format != "pcm":
+            player.audio_s = await asyncio.to_thread(decoded_seconds, b"".join(encoded))
+            player.underruns = None
 
     async def _ws(self, text: str, player: Player) -> None:
         import websockets
@@ -173,6 +186,17 @@ class Target:
         metadata = (("authorization", f"Bearer {self.api_key}"),) if self.api_key else None
         async for chunk in stub.SynthesizeStream(req, metadata=metadata):
             player.arrive(len(chunk.audio))
+
+
+def decoded_seconds(data: bytes) -> float:
+    """The duration of an encoded audio file (PyAV)."""
+    import io
+
+    import av
+
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.audio[0]
+        return sum(frame.samples for frame in container.decode(stream)) / stream.rate
 
 
 def server_stats(http_url: str | None, api_key: str | None = None) -> dict[str, Any] | None:
@@ -258,15 +282,22 @@ def summarize(results: list[RequestResult], wall_s: float, before: dict | None, 
         "ttfb_ms_p95": percentile(ttfb, 0.95),
         "ttfb_ms_p99": percentile(ttfb, 0.99),
         "rtf_p50": percentile(rtfs, 0.50),
-        "underruns": sum(r.underruns for r in ok),
-        "streams_without_underrun": (sum(r.underruns == 0 for r in ok) / len(ok)) if ok else 0.0,
-        "real_time_streams": sum(r.underruns == 0 for r in ok),
+        **underrun_figures([r.underruns for r in ok]),
         "audio_s_per_wall_s": sum(r.audio_s for r in ok) / wall_s if wall_s else 0.0,
         "server_tokens_per_s": tokens / wall_s if tokens is not None and wall_s else None,
         **codec_figures(before, after),
         "wall_s": wall_s,
         "per_request": [asdict(r) for r in results],
     }
+
+
+def underrun_figures(underruns: list[int | None]) -> dict[str, Any]:
+    """Underrun totals; all None when any stream's were not measured (an encoded format)."""
+    if any(u is None for u in underruns):
+        return {"underruns": None, "streams_without_underrun": None, "real_time_streams": None}
+    return {"underruns": sum(underruns),
+            "streams_without_underrun": (sum(u == 0 for u in underruns) / len(underruns)) if underruns else 0.0,
+            "real_time_streams": sum(u == 0 for u in underruns)}
 
 
 def run_level(target: Target, mode: str, level: float, requests: int, texts: list[str], desc: str

@@ -44,7 +44,7 @@ def server_for(args, overrides: tuple[str, ...] = (), baseline: str | None = Non
 
 def _target(args, http: str, grpc: str) -> Target:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    return Target(args.protocol, http, grpc, args.voice, extra, args.api_key)
+    return Target(args.protocol, http, grpc, args.voice, extra, args.api_key, args.format)
 
 
 def _engines(args) -> list[tuple[str, tuple[str, ...], str | None]]:
@@ -158,7 +158,7 @@ def run_tuning(args, cfg, say) -> dict[str, Any]:
             summary["meets_target"] = (summary["success_rate"] == 1.0 and summary["ttfb_ms_p95"] is not None
                                        and summary["ttfb_ms_p95"] <= tuning.target_ttfb_ms)
             points.append(summary)
-        best = max(points, key=lambda p: (p["meets_target"], p["streams_without_underrun"],
+        best = max(points, key=lambda p: (p["meets_target"], p["streams_without_underrun"] or 0.0,
                                           -(p["ttfb_ms_p95"] or float("inf"))))
         result["profiles"][profile] = {"target_concurrent": users, "target_ttfb_ms": tuning.target_ttfb_ms,
                                        "points": points, "best": best["settings"],
@@ -190,7 +190,7 @@ def level_table(engines: dict[str, Any]) -> str:
         for lv in entry["levels"]:
             lines.append(f"{name:<22}{lv['concurrency']:>6}{lv['success_rate']:>9.0%}{_fmt(lv['ttfb_ms_p50']):>10}"
                          f"{_fmt(lv['ttfb_ms_p95']):>8}{_fmt(lv['ttfb_ms_p99']):>8}"
-                         f"{lv['real_time_streams']:>6}/{len(lv['per_request']):<4}{lv['underruns']:>10}"
+                         f"{_fmt(lv['real_time_streams'], 'd'):>6}/{len(lv['per_request']):<4}{_fmt(lv['underruns'], 'd'):>10}"
                          f"{lv['audio_s_per_wall_s']:>10.2f}{_fmt(lv['server_tokens_per_s']):>8}"
                          f"{_fmt(lv.get('decoded_per_emitted'), '.2f'):>9}{_fmt(lv.get('codec_ms_per_frame'), '.1f'):>15}")
         if "find_max" in entry:
@@ -206,7 +206,7 @@ def summary_text(result: dict[str, Any]) -> str:
             r = result[key]
             parts.append(f"{key:<12} requests={r['requests']} success={r['success_rate']:.0%} "
                          f"TTFB p50/p95/p99={_fmt(r['ttfb_ms_p50'])}/{_fmt(r['ttfb_ms_p95'])}/{_fmt(r['ttfb_ms_p99'])} ms "
-                         f"real-time={r['real_time_streams']}/{r['requests']} audio s/s={r['audio_s_per_wall_s']:.2f}")
+                         f"real-time={_fmt(r['real_time_streams'], 'd')}/{r['requests']} audio s/s={r['audio_s_per_wall_s']:.2f}")
     if result["mode"] in ("scaling", "all"):
         parts.append(level_table(result["engines"]))
         for key, rows in result.items():
@@ -222,7 +222,7 @@ def summary_text(result: dict[str, Any]) -> str:
                 s = pt["settings"]
                 parts.append(f"  {s['policy']:<9} batch {s['max_batch_size']:<4} flush {s['flush_first_n_tokens']}/"
                              f"{s['flush_every_n_tokens']:<4} TTFB p95 {_fmt(pt['ttfb_ms_p95']):>6} ms  real-time "
-                             f"{pt['real_time_streams']}/{pt['requests']}  {'meets' if pt['meets_target'] else 'misses'}")
+                             f"{_fmt(pt['real_time_streams'], 'd')}/{pt['requests']}  {'meets' if pt['meets_target'] else 'misses'}")
             parts.append(f"  best: {p['best']}{'' if p['best_meets_target'] else ' (no setting met the target)'}")
     return "\n".join(parts)
 
