@@ -40,13 +40,13 @@ class _Options(BaseModel):
 class SamplingOptions(_Options):
     """Per-request sampling overrides; None (absent) takes ``sampling`` from the config."""
 
-    temperature: float | None = Field(None, ge=0.0, le=5.0)  # 0 = greedy
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=1_000_000)  # 0 = off
-    repetition_penalty: float | None = Field(None, ge=1.0, le=3.0)  # 1 = off
-    max_tokens: int | None = Field(None, ge=1, le=100_000)
-    min_tokens: int | None = Field(None, ge=0, le=100_000)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    temperature: float | None = Field(None, ge=0.0, le=5.0, description="sampling temperature; 0 = greedy")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="nucleus sampling mass")
+    top_k: int | None = Field(None, ge=0, le=1_000_000, description="top-k sampling; 0 = off")
+    repetition_penalty: float | None = Field(None, ge=1.0, le=3.0, description="1 = off")
+    max_tokens: int | None = Field(None, ge=1, le=100_000, description="audio tokens at most (about 83 a second)")
+    min_tokens: int | None = Field(None, ge=0, le=100_000, description="end-of-speech is held back until this many")
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="makes the sampling reproducible")
 
     def sampling(self) -> dict[str, Any]:
         """The sampling overrides given (for ``TTSService.stream(..., **overrides)``)."""
@@ -63,15 +63,19 @@ class SynthesisRequest(SamplingOptions):
 class SpeechBody(SamplingOptions):
     """The JSON body of ``POST /v1/audio/speech`` (OpenAI's fields, then Lyre's)."""
 
-    model: Name | None = None  # accepted for OpenAI compatibility; one model is served
-    input: Text | None = None
-    text: Text | None = None  # Lyre's name for ``input``
-    voice: Name | None = None
-    response_format: Name | None = None
-    speed: float | None = Field(None, ge=0.25, le=4.0)
-    stream_format: Literal["audio", "sse"] | None = None
-    instructions: Text | None = None  # accepted and ignored: Orpheus takes no style prompt
-    sample_rate: int | None = None
+    model: Name | None = Field(None, description="accepted and ignored (one model is served)")
+    input: Text | None = Field(None, description="what to say (OpenAI's name); up to server.max_input_chars, "
+                               "split into sentences and spoken as one stream")
+    text: Text | None = Field(None, description="seed 004's name for 'input' (one of the two)")
+    voice: Name | None = Field(None, description="a voice of GET /v1/voices or one of its aliases, any case; "
+                               "default model.default_voice")
+    response_format: Name | None = Field(None, description="mp3 opus aac flac wav pcm mulaw alaw; default mp3 with "
+                                         "'input', wav with 'text'")
+    speed: float | None = Field(None, ge=0.25, le=4.0, description="tempo without a change of pitch")
+    stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default) or sse: "
+                                                          "speech.audio.delta events, then speech.audio.done")
+    instructions: Text | None = Field(None, description="accepted and ignored: Orpheus takes no style prompt")
+    sample_rate: int | None = Field(None, description="8000-48000; default 24000, 8000 for mulaw and alaw")
 
 
 class WsMessage(SamplingOptions):

@@ -48,6 +48,29 @@ def test_openai_sdk_streaming_response(openai_client):
     assert (len(data) - 44) // 2 == 4 * 2048
 
 
+def test_async_openai_sdk_streams_audio_and_sse_events(server):
+    """AsyncOpenAI: a streamed pcm body, and stream_format="sse" read as the SDK's event stream."""
+    from openai import AsyncOpenAI
+
+    async def go():
+        client = AsyncOpenAI(base_url=server.http + "/v1", api_key="unused")
+        async with client.audio.speech.with_streaming_response.create(
+                model="gpt-4o-mini-tts", voice="coral", input="Async now", response_format="pcm") as r:
+            pcm = b"".join([part async for part in r.iter_bytes()])
+        async with client.audio.speech.with_streaming_response.create(
+                model="gpt-4o-mini-tts", voice="coral", input="Async now", response_format="pcm",
+                stream_format="sse") as r:
+            lines = [line async for line in r.iter_lines()]
+        await client.close()
+        return pcm, [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+    pcm, events = asyncio.run(go())
+    assert len(pcm) == 4 * 2048 * 2
+    audio = b"".join(base64.b64decode(e["audio"]) for e in events if e["type"] == "speech.audio.delta")
+    assert len(audio) == len(pcm) and events[-1]["type"] == "speech.audio.done"
+    assert events[-1]["usage"]["output_tokens"] == MAX_TOKENS
+
+
 def test_openai_length_input_is_split_and_spoken_as_one_stream(openai_client):
     """Past the profile's 250 characters, up to OpenAI's 4096: sentences spoken in order, one response."""
     text = " ".join(f"Here is sentence {i}, one of many in a long answer." for i in range(80))
@@ -68,6 +91,20 @@ def test_openai_speed_stretches_time(openai_client, speed):
 def test_compressed_formats_decode_to_the_right_duration(openai_client, fmt):
     data = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Compressed", response_format=fmt).content
     assert abs(decoded_seconds(data) - SECONDS) < 0.08
+
+
+@pytest.mark.parametrize("rate", [None, 16000])
+def test_flac_from_the_openai_sdk_is_a_file_libsndfile_reads_whole(openai_client, rate):
+    """FLAC is sent whole, its header holding the length and MD5: soundfile.read (libsndfile) reads
+    it, sample for sample the PCM of the same tokens."""
+    extra = {"seed": 5, **({"sample_rate": rate} if rate else {})}
+    flac = openai_client.audio.speech.create(model="tts-1", voice="nova", input="Lossless", response_format="flac",
+                                             extra_body=extra)
+    pcm = openai_client.audio.speech.create(model="tts-1", voice="nova", input="Lossless", response_format="pcm",
+                                            extra_body=extra).content
+    audio, got_rate = sf.read(io.BytesIO(flac.content), dtype="int16")
+    assert got_rate == (rate or 24000) and flac.response.headers["Content-Length"] == str(len(flac.content))
+    assert same_speech(audio.tobytes(), pcm)
 
 
 @pytest.mark.parametrize("fmt, rate, per_sample", [("mulaw", None, 1), ("alaw", None, 1), ("pcm", 16000, 2),

@@ -10,7 +10,7 @@ import json
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lyre.audio import AudioEncoder, AudioFormatError
 from lyre.errors import (
@@ -26,6 +26,10 @@ from lyre.errors import (
     TooManyConnections,
     UnknownVoice,
 )
+
+if TYPE_CHECKING:
+    from lyre.service import SpeechStream
+    from lyre.utterance import Utterance
 
 
 @dataclass(frozen=True)
@@ -205,3 +209,14 @@ async def encode(encoder: AudioEncoder, pcm: Any) -> bytes:
 
 async def finish(encoder: AudioEncoder) -> bytes:
     return await _off_loop(encoder, encoder.finish)
+
+
+async def whole_audio(stream: SpeechStream | Utterance, encoder: AudioEncoder) -> bytes:
+    """All of ``stream``'s audio, encoded; the stream and the encoder end with it."""
+    try:
+        parts = [await encode(encoder, c.pcm) async for c in stream]
+        parts.append(await finish(encoder))
+        return b"".join(parts)
+    finally:
+        await stream.aclose()
+        encoder.close()

@@ -31,11 +31,12 @@ from lyre.api.common import (
     encode,
     finish,
     key_matches,
+    whole_audio,
 )
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections
 from lyre.options import SamplingOptions, parse
-from lyre.service import SpeechStream, TTSService
+from lyre.service import TTSService
 from lyre.utterance import Utterance
 
 try:
@@ -217,17 +218,6 @@ class TextToSpeech(Servicer):
                 kv_cache=tts_pb2.Stats.KvCache(used_slots=kv.get("used_slots", 0), free_slots=kv.get("free_slots", 0)),
                 total_tokens=s.get("total_tokens", 0), total_batches=s.get("total_batches", 0),
                 backend=backend, engine={k: float(v) for k, v in engine.items()})
-
-
-async def whole_audio(stream: SpeechStream | Utterance, encoder: AudioEncoder) -> bytes:
-    """All of ``stream``'s audio, encoded; the stream and the encoder end with it."""
-    try:
-        parts = [await encode(encoder, c.pcm) async for c in stream]
-        parts.append(await finish(encoder))
-        return b"".join(parts)
-    finally:
-        await stream.aclose()
-        encoder.close()
 
 
 async def utterance_audio(utterance: Utterance, encoder: AudioEncoder,

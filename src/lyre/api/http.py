@@ -3,9 +3,11 @@
 - ``POST /v1/audio/speech``: OpenAI-compatible (``model``, ``input`` or ``text``, ``voice``,
   ``response_format``, ``speed``, ``stream_format`` audio|sse, ``instructions`` accepted and
   ignored) plus ``sample_rate``, ``mulaw``/``alaw`` formats and sampling overrides
-  (:class:`lyre.options.SpeechBody`); audio streams from the first chunk.
+  (:class:`lyre.options.SpeechBody`); audio streams from the first chunk, except FLAC, which is
+  sent whole so that its header holds its length (libsndfile cannot read a FLAC file without it).
 - ``GET /v1/voices`` (with each voice's aliases: OpenAI's names by default, case-insensitive),
-  ``/v1/models`` (as OpenAI's), ``/v1/stats``, ``/health``, ``/metrics``.
+  ``/v1/models`` (as OpenAI's), ``/v1/stats``, ``/health``, ``/metrics``, ``/openapi.json`` (the
+  OpenAPI 3.1 document of all of these, :mod:`lyre.api.openapi`).
 - ``GET /v1/audio/stream``: the WebSocket (:mod:`lyre.api.ws`).
 
 Every response carries ``X-Request-Id``: the client's, when it sent a sane one, else a new one.
@@ -40,7 +42,9 @@ from lyre.api.common import (
     json_object,
     key_matches,
     retry_after,
+    whole_audio,
 )
+from lyre.api.openapi import document
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError
 from lyre.options import SpeechBody, parse
@@ -121,6 +125,7 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/openapi.json", openapi)
     return app
 
 
@@ -152,7 +157,27 @@ async def speech(request: web.Request) -> web.StreamResponse:
     stream = service.speak(text, body.voice, **body.sampling())
     log.debug("speech: %s, %s", describe_text(text), fmt)
     with request.app[INFLIGHT]:
+        if fmt == "flac" and body.stream_format != "sse":
+            return await _respond_whole(request, stream, fmt, body)
         return await _respond(request, stream, fmt, body)
+
+
+async def _respond_whole(request: web.Request, stream: SpeechStream, fmt: str, body: SpeechBody) -> web.Response:
+    """The whole file in one response, its headers filled in (a failure still gets its status)."""
+    try:
+        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0, stream=False)
+    except BaseException:
+        await stream.aclose()
+        raise
+    try:
+        data = await whole_audio(stream, encoder)
+    except asyncio.CancelledError:
+        error = cancelled_by_drain(request.app[INFLIGHT])
+        if error is None:
+            raise
+        raise error from None
+    return web.Response(body=data, headers={"Content-Type": encoder.content_type,
+                                            "X-Sample-Rate": str(encoder.sample_rate)})
 
 
 async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: str, body: SpeechBody) -> web.StreamResponse:
@@ -255,6 +280,10 @@ async def health(request: web.Request) -> web.Response:
             "model": service.model.source if service.model else None,
             "demo": bool(service.model and service.model.is_demo)}
     return web.json_response(body, status=200 if ready else 503)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.json_response(document())
 
 
 async def metrics(request: web.Request) -> web.Response:

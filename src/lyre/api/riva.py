@@ -36,8 +36,8 @@ import grpc
 from riva.client.proto import riva_audio_pb2, riva_tts_pb2
 
 from lyre import orpheus
-from lyre.api.common import describe_text
-from lyre.api.grpc import Servicer, Undecodable, log, utterance_audio, whole_audio
+from lyre.api.common import describe_text, whole_audio
+from lyre.api.grpc import Servicer, Undecodable, log, utterance_audio
 from lyre.api.grpc import handlers as _handlers
 from lyre.audio import AudioEncoder, check_format
 from lyre.errors import InvalidRequest, UnknownVoice, shorten
