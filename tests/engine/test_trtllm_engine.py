@@ -368,6 +368,49 @@ def test_tokens_sampled_before_a_constraint_failure_are_delivered_even_when_they
     assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
 
 
+def test_a_failure_recorded_after_the_steps_check_still_holds_back_the_unconstrained_token(engine, monkeypatch):
+    """The executor can fail the constraint, sample without it and queue that token between the
+    step's look at the failures and its reading of the responses: the response is checked too."""
+    import lyre.engine.trtllm_constraint as module
+
+    constrain = module.constrain_logits
+
+    def failing(logits, k, allow_stop):
+        if k == 6:
+            raise RuntimeError("simulated constraint fault")
+        constrain(logits, k, allow_stop)
+
+    monkeypatch.setattr(module, "constrain_logits", failing)
+    step = lambda: TrtllmEngine.step(engine)  # noqa: E731 - without lockstep's own tick
+    first = HeldInbox(expect=6)
+    monkeypatch.setattr(engine, "_inbox", first)
+    engine.add(req("a", max_tokens=21, min_tokens=21, seed=7))
+    for _ in range(6):
+        engine.executor.tick()
+    assert first.arrived.wait(10)
+    first.release()
+    got = tokens(step())
+    assert len(got) == 6 and not engine.constraint.failed
+
+    late = HeldInbox(expect=1)
+    monkeypatch.setattr(engine, "_inbox", late)
+    take = engine._take_constraint_failures
+
+    def take_then_fail():
+        take()  # nothing has failed yet ...
+        engine.executor.tick()  # ... now the executor fails the constraint and samples token 6 without it
+        assert late.arrived.wait(10)
+        late.release()
+
+    monkeypatch.setattr(engine, "_take_constraint_failures", take_then_fail)
+    deltas = step()
+    monkeypatch.setattr(engine, "_take_constraint_failures", take)
+    got += tokens(deltas)
+    assert len(got) == 6 and deltas[-1].finished and deltas[-1].finish_reason == "error"
+    assert "simulated constraint fault" in deltas[-1].error
+    assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
+
+
 def test_a_request_the_executor_refuses_leaves_no_constraint_behind(engine, monkeypatch):
     def refuse(request):
         raise RuntimeError("[TensorRT-LLM][ERROR] cannot enqueue")

@@ -125,4 +125,4 @@ class AudioConstraint:
             return
         log.warning("audio constraint failed for client id %d: %s: %s", client_id, type(error).__name__, error)
         why = f"the audio constraint failed: {type(error).__name__}: {error}"
-        self.failed[client_id] = (why, state.seen - state.prompt_len)
+        self.failed.setdefault(client_id, (why, state.seen - state.prompt_len))  # the first failure counts

@@ -158,6 +158,7 @@ class TrtllmEngine:
         self._live: dict[str, _InFlight] = {}  # request id -> in flight
         self._by_exec: dict[int, _InFlight] = {}
         self._cancelled: list[_InFlight] = []
+        self._failing: dict[str, _InFlight] = {}  # request id -> live request whose constraint failed
         self._failed: str | None = None
         self._client_ids = itertools.count(1)
         self._iter = _IterationView()
@@ -259,6 +260,10 @@ class TrtllmEngine:
         except Exception:  # already finished inside the executor: nothing to cancel
             log.debug("cancel_request(%d) failed", flight.exec_id, exc_info=True)
 
+    def forget_prefix(self, name: str) -> None:
+        """Nothing to drop: the executor's KV block reuse keys blocks by their tokens, and blocks of a
+        deleted voice's prefix are evicted as they go unused."""
+
     def has_work(self) -> bool:
         return bool(self._live)
 
@@ -269,7 +274,7 @@ class TrtllmEngine:
         for flight in self._cancelled:
             deltas[flight.request.request_id] = self._finish(flight, "cancelled")
         self._cancelled.clear()
-        failing = self._take_constraint_failures()
+        self._take_constraint_failures()
         for item in self._drain():
             if isinstance(item, _PumpFailure):
                 self._failed = f"{type(item.error).__name__}: {item.error}"
@@ -277,23 +282,36 @@ class TrtllmEngine:
                     deltas[flight.request.request_id] = self._finish(flight, "error", self._failed)
                 continue
             self._on_response(item, deltas)
-        for flight in failing:  # every token sampled under the constraint delivered: it ends here
-            if flight.request.request_id in self._live and flight.generated >= flight.good:
+        for flight in list(self._failing.values()):  # every token sampled under the constraint is out: it ends
+            if flight.generated >= flight.good:
                 self._end_failed(flight, deltas)
         self._poll_iteration_stats()
         return list(deltas.values())
 
-    def _take_constraint_failures(self) -> list[_InFlight]:
-        """Requests whose audio constraint failed since the last step: stopped in the executor, they
-        end once the tokens sampled before the failure (some may still be on their way) are delivered."""
-        failing = [f for f in self._live.values() if f.failure is not None]
-        if self.constraint.failed:  # usually empty: no scan of the live requests
-            for flight in [f for f in self._live.values() if f.client_id in self.constraint.failed]:
-                flight.failure, flight.good = self.constraint.failed.pop(flight.client_id)
-                self.constraint.drop(flight.client_id)
-                self._abort(flight)
-                failing.append(flight)
-        return failing
+    def _take_constraint_failures(self) -> None:
+        """Adopt the failures the constraint recorded since the last step (ids no longer live are
+        dropped: they finished meanwhile)."""
+        if not self.constraint.failed:  # usually empty: no scan of the live requests
+            return
+        live = {f.client_id: f for f in self._live.values()}
+        for client_id in list(self.constraint.failed):
+            if client_id in live:
+                self._adopt_failure(live[client_id])
+            else:
+                self.constraint.failed.pop(client_id, None)
+
+    def _adopt_failure(self, flight: _InFlight) -> None:
+        """``flight``'s constraint failed: it is stopped in the executor and ends once the tokens
+        sampled before the failure (some may still be on their way) are delivered, and no others.
+        Its constraint is dropped first, so the executor cannot record a later failure for it."""
+        self.constraint.drop(flight.client_id)
+        why, good = self.constraint.failed.pop(flight.client_id)
+        if flight.failure is None:
+            flight.failure, flight.good = why, good
+            self._failing[flight.request.request_id] = flight
+            self._abort(flight)
+        else:
+            flight.good = min(flight.good, good)
 
     def _end_failed(self, flight: _InFlight, deltas: dict[str, TokenDelta]) -> None:
         rid = flight.request.request_id
@@ -313,6 +331,8 @@ class TrtllmEngine:
 
     def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
         flight = self._by_exec.get(response.request_id)
+        if flight is not None and flight.failure is None and flight.client_id in self.constraint.failed:
+            self._adopt_failure(flight)  # failed after this step's check: this response may be unconstrained
         if flight is None or flight.cancelled:  # finished or cancelled already: late responses are dropped
             if flight is None and response.has_error():
                 log.warning("TensorRT-LLM error for request %s: %s", response.request_id, response.error_msg)
@@ -349,6 +369,7 @@ class TrtllmEngine:
     def _finish(self, flight: _InFlight, reason: FinishReason, error: str | None = None,
                 tokens: list[int] | None = None) -> TokenDelta:
         self._live.pop(flight.request.request_id, None)
+        self._failing.pop(flight.request.request_id, None)
         self._by_exec.pop(flight.exec_id, None)
         self.constraint.drop(flight.client_id)
         self.constraint.failed.pop(flight.client_id, None)
