@@ -8,6 +8,7 @@
   python benchmark.py --mode service [--concurrency 1,8,16] [--policies fair,deadline] [--codec-modes stream,window]
   python benchmark.py --mode codec [--batches 1,4,16] [--chunk 2] [--runtimes torch,onnxruntime,openvino]
   python benchmark.py --mode soak [--requests 10000] [--concurrent 8] [--disconnect 0.3] [--cancel 0.1]
+  python benchmark.py --mode watermark [--requests 20]
 
 scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
 runs already, else a server the benchmark starts from --config/--set and stops by its process id.
@@ -22,6 +23,8 @@ codec: SNAC decode time per emitted frame, per codec mode and runtime, at each b
 soak: the reliability suite on a server it starts: a soak with disconnects and cancels over all
 three protocols (then: slots, sessions and codec states left, RSS growth, error lines), an overload
 burst, SIGTERM under load, and hypothesis fuzzing of every surface.
+watermark: detection of the output watermark on --requests (20) outputs and espeak-ng speech clips as
+WAV, after MP3 128 kbps and 8 kHz mu-law; false positives on unmarked speech; cost next to the codec.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
+from lyre.benchmarks import watermark as watermark_bench
 from lyre.benchmarks.load import parse_slo
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 
@@ -63,7 +67,8 @@ def _codec_modes(p: argparse.ArgumentParser, text: str | None) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak"], required=True)
+    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak", "watermark"],
+                   required=True)
     add_config_arguments(p)
     load = p.add_argument_group("load (scaling, all, tuning)")
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
@@ -74,7 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--requests", type=int, help="requests per measurement (default 2 x users, at least 4)")
     load.add_argument("--rps", type=float, default=1.0, help="open-loop Poisson arrival rate in --mode all")
     load.add_argument("--texts", help="built-in set (conversational, longform) or a file with one text per line")
-    load.add_argument("--voice", help="voice for every request (default: the server's)")
+    load.add_argument("--voice", help="voice for every request (default: the server's); a comma list measures each "
+                                     "in turn on the same server; 'clone' enrolls a cloned voice first (below)")
+    load.add_argument("--clone-audio", type=Path, help="--voice clone: the reference recording (default: a "
+                                                       "generated 8 s clip)")
+    load.add_argument("--clone-transcript", help="--voice clone: its exact transcript")
+    load.add_argument("--prefix-cache", help="on,off: one server per setting of the kept reference prefix "
+                                             "(voices.prefix_cache_mb; off = 0)")
     load.add_argument("--format", default="pcm", choices=FORMATS,
                       help="REST response_format (default pcm). Another format: TTFB is the first byte of the "
                            "encoded body, audio seconds come from decoding it, underruns are not measured")
@@ -148,6 +159,9 @@ def main(argv=None) -> int:
                 p.error("--disconnect + --cancel must be within [0, 1] and --requests >= 1")
             result = soak_bench.run(args.config, cfg, tuple(args.overrides), settings, progress=say)
             text = soak_bench.table(result)
+        elif args.mode == "watermark":
+            result = watermark_bench.run(cfg, args.requests or 20, progress=say)
+            text = watermark_bench.table(result)
         elif args.mode == "service":
             policies = [x.strip() for x in (args.policies or "fair,deadline").split(",") if x.strip()]
             if not policies or set(policies) - {"fair", "deadline"}:
@@ -168,6 +182,10 @@ def main(argv=None) -> int:
             if args.policies and set(args.policies.split(",")) - {"fair", "deadline"}:
                 p.error("--policies takes fair and/or deadline")
             _codec_modes(p, args.codec_modes)
+            if args.prefix_cache and (set(args.prefix_cache.split(",")) - {"on", "off"} or args.url):
+                p.error("--prefix-cache takes on and/or off, and starts one server per setting (no --url)")
+            if args.clone_audio and not args.clone_audio.is_file():
+                p.error(f"--clone-audio {args.clone_audio}: no such file")
             if args.codec_modes and args.url:
                 p.error("--codec-modes starts one server per mode: it needs a server the benchmark owns (no --url)")
             run = {"scaling": scaling.run_scaling, "all": scaling.run_all}.get(args.mode)

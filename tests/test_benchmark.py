@@ -82,3 +82,24 @@ def test_codec_mode_measures_each_runtime_against_torch(tmp_path):
         else:
             assert 5.0 < r["decoded_per_emitted"] <= 7.0  # 1-frame chunks inside windows of up to 3 + 1 + 3
     assert "ms / emitted frame" in run.stdout
+
+
+def test_watermark_mode_reports_detection_false_positives_and_cost(tmp_path):
+    import shutil
+
+    out_file = tmp_path / "watermark.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "watermark", "--requests", "2", "--set", f"data_dir={tmp_path}",
+         "--set", "sampling.max_tokens=210", "--set", "sampling.min_tokens=210", "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    for path in ("wav", "mp3_128k", "mulaw_8k"):
+        assert result["outputs_marked"][path] | {"detected": 2, "of": 2} == result["outputs_marked"][path]
+    assert result["mark_ms_per_audio_s"] > 0 and 0 < result["mark_cost_vs_codec"] < 1
+    if shutil.which("espeak-ng"):  # real speech: marked is found, unmarked is not
+        assert result["speech_marked"]["wav"]["detected"] == 2 and result["speech_unmarked"]["wav"]["detected"] == 0
+    else:
+        assert "espeak-ng is not installed" in run.stdout
+    assert "marking costs" in run.stdout and "mu-law 8k" in run.stdout

@@ -33,7 +33,7 @@ def test_dry_run_prints_the_full_plan_for_the_shipped_config():
     assert out.returncode == 0, out.stderr
     plan = out.stdout
     for expected in ("weights:        FP8", "KV cache:       float16", "max_batch_size 32", "max_seq_len 4096",
-                     "max_input_len 1024", "max_num_tokens 8192", "paged context FMHA: on",
+                     "max_input_len 3072", "max_num_tokens 8192", "paged context FMHA: on",
                      "256 Orpheus prompts over 8 voices", "engines/orpheus-3b-fp8/ with lyre-manifest.json",
                      "canopylabs/orpheus-3b-0.1-ft@main (download"):
         assert expected in plan, expected
@@ -171,7 +171,7 @@ def test_the_build_passes_tensorrt_llm_only_arguments_its_classes_have(tmp_path,
     manifest = build_trtllm_engine(cfg, plan, progress=False, api=fake_llmapi.api())
     llm = fake_llmapi.LLM.instances[-1]
     bc = llm.kwargs["build_config"]
-    assert (bc.max_batch_size, bc.max_seq_len, bc.max_input_len, bc.max_num_tokens) == (32, 4096, 1024, 8192)
+    assert (bc.max_batch_size, bc.max_seq_len, bc.max_input_len, bc.max_num_tokens) == (32, 4096, 3072, 8192)
     assert bc.plugin_config.use_paged_context_fmha is True
     assert llm.kwargs["kv_cache_config"].free_gpu_memory_fraction == BUILD_KV_CACHE_FRACTION  # not 0.9
     assert llm.kwargs["dtype"] == "float16" and "quant_config" not in llm.kwargs

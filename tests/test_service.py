@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import tempfile
 import threading
 
 import numpy as np
@@ -36,7 +37,8 @@ DEMO = str(REPO_ROOT / "models" / "demo")
 def service(**overrides) -> TTSService:
     """The demo service; utterances are exactly max_tokens long (min_tokens holds back the stop)."""
     base = {"model.demo_dir": DEMO, "codec.noise": False, "sampling.max_tokens": 42,
-            "scheduler.max_concurrent_sessions": 8, "scheduler.max_batch_size": 8, "kv_cache.max_seq_len": 512}
+            "scheduler.max_concurrent_sessions": 8, "scheduler.max_batch_size": 8, "kv_cache.max_seq_len": 512,
+            "data_dir": tempfile.mkdtemp(prefix="lyre-data-")}  # its own voices database
     merged = {**base, **overrides}
     merged.setdefault("sampling.min_tokens", merged["sampling.max_tokens"])
     return TTSService.from_config(CONFIG_PATH, **merged)
@@ -85,7 +87,8 @@ def test_streamed_audio_equals_an_offline_decode_of_the_same_tokens(demo_dir):
     text, seed = "Hello there, how are you?", 11
 
     async def go():
-        async with service(**{"codec.warmup_frames": 1, "sampling.max_tokens": 84}) as tts:
+        async with service(**{"codec.warmup_frames": 1, "sampling.max_tokens": 84,
+                              "watermark.enabled": False}) as tts:  # the codec's own output, unmarked
             return await tts.synthesize(text, voice="leo", seed=seed), tts.tokenizer
 
     audio, tokenizer = run(go())
@@ -153,7 +156,7 @@ def test_long_text_is_split_into_segments_joined_without_gaps():
     text = ("Thanks for calling the support line, your call matters to us. " * 8).strip()  # ~500 chars
 
     async def go():
-        async with service(**{"profile": "longform", "sampling.max_tokens": 21}) as tts:
+        async with service(**{"profile": "longform", "sampling.max_tokens": 21, "watermark.enabled": False}) as tts:
             stream = tts.stream(text, seed=2)
             chunks = [c async for c in stream]
             return chunks, stream.metrics

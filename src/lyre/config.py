@@ -69,6 +69,9 @@ class ModelConfig:
             return voice
         return next((v for a, v in self.voice_aliases.items() if a.lower() == key and v in self.voices), None)
 
+    def aliases_of(self, voice: str) -> list[str]:
+        return [a for a, v in self.voice_aliases.items() if v == voice]
+
 
 @dataclass(frozen=True)
 class CodecConfig:
@@ -153,6 +156,9 @@ class ServerConfig:
     max_body_bytes: int = _f(262144, ge=1024)
     drain_timeout_s: float = _f(10.0, ge=0.0)
     api_key: str | None = None  # required as "Authorization: Bearer <key>" on /v1/ and gRPC when set
+    # API key -> account name: with keys, every request needs one, and sees only its account's cloned
+    # voices (api_key, when set too, is one more key, of the account "default")
+    api_keys: dict[str, str] = _f(factory=dict)
     # limits a public server needs (each refused with a clear error)
     max_pending_text_chars: int = _f(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
     # one request's whole text (REST input, gRPC/Riva Synthesize): past the profile's max_text_chars
@@ -165,13 +171,44 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class VoicesConfig:
+    """Cloned voices: the registry (a database), enrollment limits and the cached reference prompt."""
+
+    database_url: str | None = None  # SQLAlchemy URL; None = sqlite:///<data_dir>/lyre.db (PostgreSQL works too)
+    max_upload_bytes: int = _f(10 * 2**20, ge=1024, le=2**30)  # one enrollment's audio file
+    min_seconds: float = _f(3.0, gt=0.0, le=600.0)  # reference clip duration
+    max_seconds: float = _f(30.0, gt=0.0, le=600.0)
+    max_per_account: int = _f(100, ge=1, le=1_000_000)
+    max_transcript_chars_per_second: float = _f(30.0, gt=0.0)  # longer transcripts cannot be what the clip says
+    prefix_cache_mb: int = _f(512, ge=0, le=1_000_000)  # KV of cloned voices' reference prompts (LRU); 0 = off
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    """The audit trail: one row per synthesis, in the voices database."""
+
+    enabled: bool = True
+    retention_days: float = _f(90.0, gt=0.0)  # older rows are deleted (checked hourly and at start)
+
+
+@dataclass(frozen=True)
+class WatermarkConfig:
+    """The mark on every output (:mod:`lyre.watermark`) and ``POST /v1/audio/verify``."""
+
+    enabled: bool = True
+    key: str = "lyre-watermark-v1"  # set your own: whoever knows the key can detect (and remove) the mark
+    strength_db: float = _f(-24.0, ge=-60.0, le=-6.0)  # the mark's level under the speech it rides on
+    threshold: float = _f(8.0, gt=0.0, le=100.0)  # detection score above which audio counts as marked
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     engine_dir: str = "engines/orpheus-3b-fp8"
     quantization: Literal["fp8", "fp16", "bf16"] = "fp8"
     kv_cache_dtype: Literal["float16", "bfloat16"] = "float16"
     max_batch_size: int = _f(32, ge=1, le=4096)
     max_seq_len: int = _f(4096, ge=64, le=131072)
-    max_input_len: int = _f(1024, ge=16)
+    max_input_len: int = _f(3072, ge=16)  # a cloned voice's prompt: its reference turn (up to ~2500 tokens) + text
     max_num_tokens: int = _f(8192, ge=64)
     use_paged_context_fmha: bool = True
     calibration_samples: int = _f(256, ge=1)
@@ -206,6 +243,10 @@ class LyreConfig:
     server: ServerConfig = _f(factory=ServerConfig)
     riva: RivaConfig = _f(factory=RivaConfig)
     build: BuildConfig = _f(factory=BuildConfig)
+    voices: VoicesConfig = _f(factory=VoicesConfig)
+    audit: AuditConfig = _f(factory=AuditConfig)
+    watermark: WatermarkConfig = _f(factory=WatermarkConfig)
+    data_dir: str = "data"  # the default database lives here (created when missing)
 
     @property
     def active_profile(self) -> TuningProfile:
@@ -428,6 +469,13 @@ def _check_relations(cfg: LyreConfig) -> None:
             f"scheduler.flush_first_n_tokens / 7 ({s.flush_first_n_tokens // 7}), or the first chunk could not be "
             f"provisional and would wait for exact audio"
         )
+    v = cfg.voices
+    if v.min_seconds >= v.max_seconds:
+        raise ConfigError(f"config key 'voices.min_seconds' = {v.min_seconds} is out of range: must be < "
+                          f"voices.max_seconds ({v.max_seconds})")
+    for key, account in cfg.server.api_keys.items():
+        if not key.strip() or not account.strip():
+            raise ConfigError("config key 'server.api_keys' holds an empty key or account name")
     b = cfg.build
     if b.max_input_len >= b.max_seq_len:
         raise ConfigError(

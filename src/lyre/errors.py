@@ -58,6 +58,40 @@ class SynthesisFailed(LyreError):
     code = "synthesis_failed"
 
 
+class InvalidAudio(InvalidRequest):
+    """An enrollment upload that is not a usable reference clip (422)."""
+
+    code = "invalid_audio"
+
+
+class ConsentRequired(InvalidRequest):
+    """An enrollment without an explicit, granted consent record (422)."""
+
+    code = "consent_required"
+
+
+class UploadTooLarge(LyreError):
+    code = "upload_too_large"
+
+
+class VoiceExists(LyreError):
+    """The account already has a voice of that name (409)."""
+
+    code = "voice_exists"
+
+
+class TooManyVoices(LyreError):
+    """The account holds voices.max_per_account voices (409)."""
+
+    code = "too_many_voices"
+
+
+class DatabaseError(LyreError):
+    """The voices/audit database cannot be opened, migrated, reached or written (503)."""
+
+    code = "database_unavailable"
+
+
 class BuildError(RuntimeError):
     """The offline engine build cannot go ahead; the message says why and what to do."""
 

@@ -47,6 +47,14 @@ class Metrics:
         self.codec_emitted = Counter("lyre_codec_frames_emitted", "Frames of audio emitted by the codec", registry=r)
         self.codec_seconds = Counter("lyre_codec_decode_seconds", "Time spent in SNAC decode calls", registry=r)
         self._codec_seen = (0, 0.0, 0.0)
+        self.prompt_tokens = Counter("lyre_prompt_tokens", "Prompt tokens of admitted requests", registry=r)
+        self.prefilled_tokens = Counter("lyre_prefilled_tokens", "Prompt tokens run through the model (the rest "
+                                        "came from kept prefixes: cloned voices' reference turns)", registry=r)
+        self.prefix_bytes = Gauge("lyre_prefix_cache_bytes", "K/V of kept prompt prefixes", registry=r)
+        self.prefix_entries = Gauge("lyre_prefix_cache_entries", "Kept prompt prefixes", registry=r)
+        self.prefix_evictions = Counter("lyre_prefix_cache_evictions", "Kept prefixes evicted to make room",
+                                        registry=r)
+        self._engine_seen = (0, 0, 0)
         self.total_batches = 0
 
     def observe_step(self, seconds: float, batch: int) -> None:
@@ -58,6 +66,18 @@ class Metrics:
         self.active.set(active)
         self.pending.set(pending)
         self.kv_slots_used.set(slots_used)
+
+    def set_prompts(self, prompt_tokens: int, prefilled_tokens: int, extra: dict[str, float]) -> None:
+        """Bring the prompt and prefix-cache figures up to the engine's."""
+        now = (prompt_tokens, prefilled_tokens, int(extra.get("prefix_cache_evictions", 0)))
+        for counter, new, old in zip((self.prompt_tokens, self.prefilled_tokens, self.prefix_evictions), now,
+                                     self._engine_seen, strict=True):
+            if new > old:
+                counter.inc(new - old)
+        self._engine_seen = now
+        if "prefix_cache_bytes" in extra:
+            self.prefix_bytes.set(extra["prefix_cache_bytes"])
+            self.prefix_entries.set(extra["prefix_cache_entries"])
 
     def set_engine(self, extra: dict[str, float]) -> None:
         """Backend statistics (the TensorRT-LLM executor's latest iteration); absent keys leave gauges

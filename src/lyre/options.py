@@ -63,19 +63,26 @@ class SynthesisRequest(SamplingOptions):
 class SpeechBody(SamplingOptions):
     """The JSON body of ``POST /v1/audio/speech`` (OpenAI's fields, then Lyre's)."""
 
+    model_config = ConfigDict(**_Options.model_config,
+                              json_schema_extra={"oneOf": [{"required": ["input"]}, {"required": ["text"]}]})
+
     model: Name | None = Field(None, description="accepted and ignored (one model is served)")
     input: Text | None = Field(None, description="what to say (OpenAI's name); up to server.max_input_chars, "
                                "split into sentences and spoken as one stream")
-    text: Text | None = Field(None, description="seed 004's name for 'input' (one of the two)")
+    text: Text | None = Field(None, description="seed 004's name for 'input' (give one of the two)")
     voice: Name | None = Field(None, description="a voice of GET /v1/voices or one of its aliases, any case; "
                                "default model.default_voice")
-    response_format: Name | None = Field(None, description="mp3 opus aac flac wav pcm mulaw alaw; default mp3 with "
-                                         "'input', wav with 'text'")
+    response_format: Name | None = Field(None, description="default mp3 with 'input', wav with 'text'; FLAC is "
+                                         "sent whole (its header holds the length), the others stream",
+                                         json_schema_extra={"enum": ["mp3", "opus", "aac", "flac", "wav", "pcm",
+                                                                     "mulaw", "alaw", None]})
     speed: float | None = Field(None, ge=0.25, le=4.0, description="tempo without a change of pitch")
     stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default) or sse: "
                                                           "speech.audio.delta events, then speech.audio.done")
     instructions: Text | None = Field(None, description="accepted and ignored: Orpheus takes no style prompt")
-    sample_rate: int | None = Field(None, description="8000-48000; default 24000, 8000 for mulaw and alaw")
+    sample_rate: int | None = Field(None, description="8000-48000 (mp3 and aac: 8000, 11025, 12000, 16000, 22050, "
+                                   "24000, 32000, 44100, 48000; opus: 8000, 12000, 16000, 24000, 48000); default "
+                                   "24000, 8000 for mulaw and alaw")
 
 
 class WsMessage(SamplingOptions):
@@ -92,6 +99,19 @@ class WsMessage(SamplingOptions):
     response_format: Name | None = None
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None
+
+
+class Consent(_Options):
+    """The consent record an enrollment must carry (seeds 000 and 001): who is speaking, that they
+    agreed, and how the recording was made."""
+
+    granted: bool = Field(description="must be true: the speaker agreed to this voice being cloned")
+    speaker: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=256),
+                       AfterValidator(_valid_unicode)] = Field(description="who is speaking in the clip")
+    source: Literal["self_recorded", "recorded_with_permission"] = Field(
+        description="self_recorded (the speaker is the one enrolling) or recorded_with_permission")
+    statement: Annotated[str, StringConstraints(max_length=2000), AfterValidator(_valid_unicode)] | None = Field(
+        None, description="free text, e.g. how and when consent was given")
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -123,10 +123,10 @@ def build_prompt_ids(tokenizer: TextTokenizer, text: str, voice: str | None = No
     return [START_OF_HUMAN, *ids, *PROMPT_SUFFIX]
 
 
-def build_clone_prompt_ids(
-    tokenizer: TextTokenizer, text: str, ref_text: str, ref_audio_ids: Sequence[int]
-) -> list[int]:
-    """Zero-shot cloning prompt for the pretrained model: a reference turn, then the new text.
+def build_reference_ids(tokenizer: TextTokenizer, ref_text: str, ref_audio_ids: Sequence[int]) -> list[int]:
+    """The reference turn of a cloning prompt: ``[start_of_human] tok(ref_text) [eot end_of_human
+    start_of_ai start_of_speech] ref_audio_ids [end_of_speech end_of_ai]`` — the same for every
+    request with that voice, so its K/V can be computed once and kept.
 
     ``ref_audio_ids`` are the audio token ids of the reference recording (whole frames), e.g.
     ``codes_to_token_ids(*snac.encode(audio))``.
@@ -135,7 +135,15 @@ def build_clone_prompt_ids(
     if not ref_text or not ref_text.strip():
         raise ValueError("ref_text is empty: cloning needs the transcript of the reference audio")
     reference = [START_OF_HUMAN, *encode_text(tokenizer, ref_text), *PROMPT_SUFFIX]
-    return [*reference, *map(int, ref_audio_ids), END_OF_SPEECH, END_OF_AI, *build_prompt_ids(tokenizer, text)]
+    return [*reference, *map(int, ref_audio_ids), END_OF_SPEECH, END_OF_AI]
+
+
+def build_clone_prompt_ids(
+    tokenizer: TextTokenizer, text: str, ref_text: str, ref_audio_ids: Sequence[int]
+) -> list[int]:
+    """Zero-shot cloning prompt for the pretrained model: the reference turn, then the new text
+    (without a voice name)."""
+    return [*build_reference_ids(tokenizer, ref_text, ref_audio_ids), *build_prompt_ids(tokenizer, text)]
 
 
 # --- whole sequences ----------------------------------------------------------------------------

@@ -119,6 +119,7 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.set_load(len(self.active), len(self.pending), e.active)
             self.metrics.set_engine(e.extra)
+            self.metrics.set_prompts(e.prompt_tokens, e.prefilled_tokens, e.extra)
             self.metrics.set_codec(self.audio.codec.counters)
         self.snapshot = {
             "scheduler": {
@@ -132,7 +133,8 @@ class Scheduler:
             "kv_cache": {"used_slots": e.active, "free_slots": e.capacity - e.active},
             "total_tokens": e.total_tokens,
             "total_batches": e.total_steps,
-            "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, **e.extra},
+            "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, "prompt_tokens": e.prompt_tokens,
+                       "prefilled_tokens": e.prefilled_tokens, **e.extra},
             "codec": codec,
         }
 
@@ -218,7 +220,8 @@ class Scheduler:
         # continuations first (no gap mid-stream), then sessions still waiting for their first audio
         priority = 2 if k > 0 else 1 if s.first_audio_at is None else 0
         try:
-            if not self.engine.add(GenerationRequest(rid, seg.prompt_ids, s.sampling, priority=priority)):
+            if not self.engine.add(GenerationRequest(rid, seg.prompt_ids, s.sampling, priority=priority,
+                                                     prefix_key=seg.prefix_key, prefix_len=seg.prefix_len)):
                 return False
         except ValueError as e:  # the service validates first; this is the last line of defence
             self._end(s, FAILED, f"request refused by the engine: {e}", self.clock())

@@ -16,11 +16,8 @@ import asyncio
 import itertools
 import logging
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +25,15 @@ import numpy as np
 import torch
 
 from lyre import checkpoint, orpheus
+from lyre.accounts import DEFAULT_ACCOUNT
 from lyre.admission import AdmissionGate, Overloaded
+from lyre.audit import AuditEntry, AuditTrail
 from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
 from lyre.config import LyreConfig, apply_overrides, load_config
 from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
+from lyre.engine_loop import EngineLoop
 from lyre.errors import (
     InvalidRequest,
     LyreError,
@@ -45,15 +45,19 @@ from lyre.errors import (
     SynthesisTimeout,
     TextTooLong,
     UnknownVoice,
-    shorten,
 )
 from lyre.metrics import Metrics
 from lyre.options import SynthesisRequest, parse
 from lyre.pipeline import AudioPipeline
+from lyre.results import Audio, AudioChunk, SpeechStream
 from lyre.scheduler import Scheduler
-from lyre.session import CANCELLED, FAILED, FINISHED, ChunkEvent, Segment, Session
+from lyre.session import Segment, Session
 from lyre.text import MAX_SEGMENT_CHARS, split_text
 from lyre.utterance import Utterance
+from lyre.voices.db import default_url, open_database
+from lyre.voices.registry import Voice
+from lyre.voices.service import Voices
+from lyre.watermark import Marker, Watermark
 
 log = logging.getLogger("lyre.service")
 
@@ -65,131 +69,7 @@ __all__ = ["InvalidRequest", "LyreError", "OutOfRange", "OverloadedError", "Serv
 
 
 # --------------------------------------------------------------------------------------------
-# results
-
-
-@dataclass
-class AudioChunk:
-    pcm: np.ndarray  # int16 mono
-    sample_rate: int
-    offset_samples: int  # of pcm[0] in the whole utterance
-    index: int
-    elapsed_ms: float  # request received -> this chunk delivered
-    late: bool  # delivered after the audio before it had finished playing
-
-    @property
-    def seconds(self) -> float:
-        return len(self.pcm) / self.sample_rate
-
-
-@dataclass
-class Audio:
-    pcm: np.ndarray  # int16 mono
-    sample_rate: int
-    metrics: dict[str, Any] = field(default_factory=dict)  # ttfb_ms, tokens, audio_seconds, real_time_factor, ...
-
-    @property
-    def seconds(self) -> float:
-        return len(self.pcm) / self.sample_rate
-
-
-def to_int16(pcm: np.ndarray) -> np.ndarray:
-    return (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype(np.int16)
-
-
-# --------------------------------------------------------------------------------------------
-# the engine thread
-
-
-class EngineLoop:
-    """The one thread that runs the scheduler. Work arrives as callables in its inbox."""
-
-    def __init__(self, scheduler: Scheduler):
-        self.scheduler = scheduler
-        self.inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self.thread = threading.Thread(target=self._run, name="lyre-engine", daemon=True)
-        self.alive = False
-        self.closing = False
-        self._lock = threading.Lock()
-        self.error: BaseException | None = None
-
-    def start(self) -> None:
-        self.alive = True
-        self.thread.start()
-
-    def post(self, fn: Callable[[], None]) -> bool:
-        """Queue ``fn`` for the engine thread; False (nothing queued) once the loop is closing or has
-        stopped. Nothing is ever queued behind the stop message, so every queued ``fn`` runs."""
-        with self._lock:
-            if self.closing or not self.alive:
-                return False
-            self.inbox.put(fn)
-            return True
-
-    def request_stop(self) -> None:
-        """Refuse new messages from now on; the loop runs what is queued, then shuts the scheduler down."""
-        with self._lock:
-            if not self.closing:
-                self.closing = True
-                self.inbox.put(None)
-
-    def stop(self) -> None:
-        self.request_stop()
-        self.thread.join()
-
-    def _run(self) -> None:
-        try:
-            idle_wait: float | None = None
-            while True:
-                for fn in self._take(block=not self.scheduler.has_work(), timeout=idle_wait):
-                    if fn is None:
-                        self.scheduler.shutdown()
-                        return
-                    try:
-                        fn()
-                    except Exception:  # a message about one request must not stop everyone's loop
-                        log.exception("a message to the engine loop failed")
-                progressed = self.scheduler.step() if self.scheduler.has_work() else False
-                self.scheduler.publish()
-                # Sessions are open but nothing moved (e.g. all waiting on their consumers): wait for
-                # a message briefly instead of spinning.
-                idle_wait = None if progressed else 0.002
-        except BaseException as e:  # the loop must never die silently, nor leave anyone waiting
-            log.exception("engine loop stopped")
-            self.error = e
-            self.alive = False
-            try:
-                self.scheduler.shutdown(FAILED, f"the engine loop stopped: {type(e).__name__}: {e}")
-            except Exception:
-                log.exception("could not fail the open sessions")
-        finally:
-            with self._lock:
-                self.alive = False
-                self.closing = True
-            self._run_leftovers()
-
-    def _run_leftovers(self) -> None:
-        """Messages queued before the loop died: run against the shut-down scheduler (which ends a
-        submitted session at once), so nobody waits for an answer that never comes."""
-        for fn in self._take(block=False, timeout=None):
-            if fn is not None:
-                try:
-                    fn()
-                except Exception:
-                    log.exception("a message to the stopped engine loop failed")
-
-    def _take(self, block: bool, timeout: float | None) -> list[Callable[[], None] | None]:
-        items = []
-        try:
-            if block:
-                items.append(self.inbox.get())
-            elif timeout:
-                items.append(self.inbox.get(timeout=timeout))
-            while True:
-                items.append(self.inbox.get_nowait())
-        except queue.Empty:
-            pass
-        return items
+# the service
 
 
 def _cpu_runtime(runtime: str, device: str) -> bool:
@@ -199,62 +79,6 @@ def _cpu_runtime(runtime: str, device: str) -> bool:
         return resolve_runtime(runtime, device) != "torch"
     except CodecError:
         return False  # build_codec says why
-
-
-# --------------------------------------------------------------------------------------------
-# the service
-
-
-class SpeechStream:
-    """Async iterator over one utterance's :class:`AudioChunk` s; ``metrics`` is set at the end.
-    Leaving the loop early (break, exception, aclose) cancels the synthesis and frees its slot."""
-
-    def __init__(self, service: TTSService, session: Session, events: asyncio.Queue):
-        self._service, self._session, self._events = service, session, events
-        self.session_id = session.session_id
-        self.metrics: dict[str, Any] | None = None
-        self._done = False
-
-    def __aiter__(self) -> SpeechStream:
-        return self
-
-    async def __anext__(self) -> AudioChunk:
-        if self._done:
-            raise StopAsyncIteration
-        try:
-            ev = await self._events.get()
-        except BaseException:
-            self.cancel()
-            raise
-        if isinstance(ev, ChunkEvent):
-            self._session.consumed_samples += len(ev.pcm)
-            return AudioChunk(
-                pcm=to_int16(ev.pcm),
-                sample_rate=orpheus.SAMPLE_RATE,
-                offset_samples=ev.offset,
-                index=ev.index,
-                elapsed_ms=1000 * (time.monotonic() - self._session.created),
-                late=ev.late,
-            )
-        self._done = True
-        self.metrics = ev.metrics
-        if ev.outcome == FINISHED:
-            raise StopAsyncIteration
-        if ev.outcome == CANCELLED and ev.reason == "shutdown":
-            raise ServiceUnavailable("the service shut down before this synthesis finished")
-        if ev.outcome == CANCELLED and ev.reason == "timeout":
-            raise SynthesisTimeout("synthesis made no progress (no audio generated or read) for scheduler.session_timeout_s")
-        if ev.outcome == CANCELLED:
-            raise SynthesisCancelled(f"synthesis was cancelled ({ev.reason})")
-        raise SynthesisFailed(ev.reason or "synthesis failed")
-
-    def cancel(self) -> None:
-        if not self._done:
-            self._done = True
-            self._service._cancel(self.session_id)
-
-    async def aclose(self) -> None:
-        self.cancel()
 
 
 class TTSService:
@@ -268,6 +92,11 @@ class TTSService:
         self.model: checkpoint.ResolvedModel | None = None
         self.tokenizer: Any = None
         self.backend: Any = None  # BackendChoice once loaded
+        self.voices = Voices(config)  # cloned voices (the registry opens with the service)
+        self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
+        self.audit: AuditTrail | None = None
+        w = config.watermark
+        self.watermark = Watermark(w.key, w.strength_db, w.threshold)  # marks outputs (when enabled), verifies uploads
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, **overrides: Any) -> TTSService:
@@ -294,6 +123,10 @@ class TTSService:
             choice = select_backend(cfg.model.backend, cfg.build.engine_dir, env)
         except BackendError as e:
             raise LyreError(str(e)) from None
+        # first: a database that cannot be opened stops the start at once, naming it
+        self.database = open_database(cfg.voices.database_url or default_url(cfg.data_dir))
+        self.voices.open(self.database)
+        self.audit = AuditTrail(self.database, cfg.audit)
         self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
         self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
         cores = os.cpu_count() or 2
@@ -311,6 +144,7 @@ class TTSService:
         codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
         snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
         configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
+        self.voices.attach(snac, self.tokenizer, self.model.snac_dir, self.model.source)
         overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and (on_gpu or (
             cfg.codec.mode == "stream" and cores >= 2 and _cpu_runtime(cfg.codec.runtime, codec_device))))
         # the CPU codec runtime's threads: every core between engine steps, the engine's spare cores beside them
@@ -332,6 +166,7 @@ class TTSService:
         self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)
         self._loop = EngineLoop(self.scheduler)
         self._loop.start()
+        self.voices.on_delete.append(self._forget_voice)
         self.backend = choice
         log.info("engine: %s; %s; model %s%s", description, choice.reason, self.model.source,
                  " — DEMO, audio is noise" if self.model.is_demo else "")
@@ -358,23 +193,36 @@ class TTSService:
         """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
         if self._loop is not None and self._loop.thread.is_alive():
             await asyncio.to_thread(self._loop.stop)
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)  # the rows still queued are written first
 
     @property
     def ready(self) -> bool:
         return self._loop is not None and self._loop.alive and not self._loop.closing
 
     @property
-    def voices(self) -> tuple[str, ...]:
+    def builtin_voices(self) -> tuple[str, ...]:
         return self.config.model.voices
 
     # --- requests -------------------------------------------------------------------------------
 
-    def stream(self, text: str, voice: str | None = None, **sampling: Any) -> SpeechStream:
+    def stream(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+               protocol: str = "library", audit: AuditEntry | None = None, mark: Marker | None = None,
+               **sampling: Any) -> SpeechStream:
         """Start synthesising ``text``; iterate the result for audio chunks as they are decoded.
-        Raises InvalidRequest / UnknownVoice / TextTooLong / OverloadedError at once."""
+        ``voice``: a built-in voice or alias, or ``account``'s cloned voice (its id, or the
+        :class:`Voice` from ``await tts.voices.resolve(...)``, which saves a database read here).
+        The synthesis is audited under ``protocol`` and watermarked (``audit``, ``mark``: those of
+        an utterance it is a piece of). Raises InvalidRequest / UnknownVoice / TextTooLong / OverloadedError, and
+        DatabaseError while the audit trail cannot be written, at once."""
         if not self.ready:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
-        prompts, params = self._prepare(text, voice, sampling)
+        voice = self._voice(voice, account)
+        segments, params = self._prepare(text, voice, sampling)
+        owns_audit = audit is None
+        if owns_audit:
+            audit = self._audit_entry(voice, account, protocol)
+            audit.add_text(text)
         try:
             self.gate.enter()
         except Overloaded as e:
@@ -384,7 +232,7 @@ class TTSService:
         events: asyncio.Queue = asyncio.Queue()
         session = Session(
             session_id=f"s{next(self._ids)}",
-            segments=[Segment(p) for p in prompts],
+            segments=segments,
             sampling=params,
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=time.monotonic(),
@@ -392,23 +240,25 @@ class TTSService:
         if not self._loop.post(lambda: self.scheduler.submit(session)):
             self.gate.leave()
             raise ServiceUnavailable("the service is shutting down")
-        return SpeechStream(self, session, events)
+        return SpeechStream(self, session, events, audit, owns_audit, mark if mark is not None else self._marker())
 
-    async def synthesize(self, text: str, voice: str | None = None, **sampling: Any) -> Audio:
+    async def synthesize(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+                         **sampling: Any) -> Audio:
         """The whole utterance at once, with metrics."""
-        stream = self.stream(text, voice, **sampling)
+        stream = self.stream(text, voice, account=account, **sampling)
         parts = [chunk.pcm async for chunk in stream]
         pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
         return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics or {})
 
-    def speak(self, text: str, voice: str | None = None, **sampling: Any) -> SpeechStream | Utterance:
+    def speak(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+              protocol: str = "library", **sampling: Any) -> SpeechStream | Utterance:
         """One whole text as one ordered stream of chunks (REST, gRPC and Riva ``Synthesize``): a single
         synthesis when it fits the profile's ``max_text_chars``; longer text, up to
         ``server.max_input_chars``, is split into sentences by an :class:`Utterance`. Raises as
         :meth:`stream` does (an overload of a long text's first piece: on the first chunk)."""
         limit = self.config.active_profile.max_text_chars
         if not isinstance(text, str) or len(text) <= limit:
-            return self.stream(text, voice, **sampling)
+            return self.stream(text, voice, account=account, protocol=protocol, **sampling)
         most = max(limit, self.config.server.max_input_chars)
         if len(text) > most:
             raise TextTooLong(f"text has {len(text)} characters; at most {most} are accepted "
@@ -416,7 +266,7 @@ class TTSService:
                               "as one synthesis)")
         if not text.strip():
             raise InvalidRequest("text is empty: there is nothing to speak")
-        utterance = self.utterance(voice, **sampling)
+        utterance = self.utterance(voice, account=account, protocol=protocol, **sampling)
         utterance.max_pending_chars = len(text)
         try:
             utterance.append(text)
@@ -426,32 +276,54 @@ class TTSService:
         utterance.end()
         return utterance
 
+    def _forget_voice(self, voice_id: str) -> None:
+        """A deleted voice's kept prefix leaves the engine at its next step."""
+        if self._loop is not None and self._loop.alive:
+            self._loop.post(lambda: self.scheduler.engine.forget_prefix(voice_id + ":"))
+
     def _cancel(self, session_id: str) -> None:
         if self._loop is not None and self._loop.alive:
             self._loop.post(lambda: self.scheduler.cancel(session_id, "cancelled"))
 
-    def utterance(self, voice: str | None = None, **sampling: Any) -> Utterance:
+    def utterance(self, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+                  protocol: str = "library", **sampling: Any) -> Utterance:
         """An utterance whose text arrives in pieces (``append`` / ``flush`` / ``end``), spoken as one
         ordered stream of chunks (iterate it). Raises InvalidRequest / UnknownVoice at once."""
         if not self.ready:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
-        self._options(parse(SynthesisRequest, {"text": "", "voice": voice, **sampling}))
+        voice = self._voice(voice, account)
+        self._sampling(parse(SynthesisRequest, {"text": "", **sampling}))
         return Utterance(self, voice, sampling, self.config.active_profile.max_text_chars,
-                         self.config.server.max_pending_text_chars)
+                         self.config.server.max_pending_text_chars, account=account,
+                         audit=self._audit_entry(voice, account, protocol), mark=self._marker())
 
-    def _options(self, request: SynthesisRequest) -> tuple[str, SamplingParams]:
-        """The voice and sampling parameters of a parsed request (the voice must exist)."""
-        cfg = self.config
-        voice = cfg.model.resolve_voice(request.voice or cfg.model.default_voice)
-        if voice is None:
-            raise UnknownVoice(f"unknown voice {shorten(request.voice)}; available voices: {', '.join(cfg.model.voices)} "
-                               f"(or an alias: {', '.join(cfg.model.voice_aliases)})")
-        return voice, SamplingParams.from_config(cfg.sampling, **request.sampling())
+    def _marker(self) -> Marker | None:
+        """A new stream's watermarker (None with watermark.enabled false)."""
+        return self.watermark.marker() if self.config.watermark.enabled else None
 
-    def _prepare(self, text: str, voice: str | None, sampling: dict[str, Any]) -> tuple[list[list[int]], SamplingParams]:
+    def _audit_entry(self, voice: str | Voice, account: str, protocol: str) -> AuditEntry:
+        label = voice if isinstance(voice, str) else voice.id
+        if self.audit is None:  # a service without an audit trail (the benchmark's peer)
+            return AuditEntry(None, account, label, protocol)
+        self.audit.check()  # refused while rows cannot be written: nothing goes unrecorded
+        return self.audit.entry(account, label, protocol)
+
+    def _voice(self, voice: str | Voice | None, account: str) -> str | Voice:
+        """A built-in voice's name, or ``account``'s cloned voice (UnknownVoice for anyone else's)."""
+        if isinstance(voice, Voice):
+            if voice.owner != account:
+                raise UnknownVoice(f"no voice {voice.id} (cloned voices are visible only to the account that enrolled "
+                                   "them)")
+            return voice
+        return self.voices.resolve_now(voice, account)
+
+    def _sampling(self, request: SynthesisRequest) -> SamplingParams:
+        return SamplingParams.from_config(self.config.sampling, **request.sampling())
+
+    def _prepare(self, text: str, voice: str | Voice, sampling: dict[str, Any]) -> tuple[list[Segment], SamplingParams]:
         cfg = self.config
-        request = parse(SynthesisRequest, {"text": text, "voice": voice, **sampling})
-        voice, params = self._options(request)
+        request = parse(SynthesisRequest, {"text": text, **sampling})
+        params = self._sampling(request)
         if not request.text.strip():
             raise InvalidRequest("text is empty: there is nothing to speak")
         limit = cfg.active_profile.max_text_chars
@@ -459,15 +331,20 @@ class TTSService:
             raise TextTooLong(
                 f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
             )
-        segments = split_text(request.text, MAX_SEGMENT_CHARS)
+        pieces = split_text(request.text, MAX_SEGMENT_CHARS)
+        key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
         try:
-            prompts = [orpheus.build_prompt_ids(self.tokenizer, seg, voice) for seg in segments]
+            if reference:  # a cloned voice: its reference turn, then the text (no voice name)
+                segments = [Segment(reference + orpheus.build_prompt_ids(self.tokenizer, p), prefix_key=key,
+                                    prefix_len=len(reference)) for p in pieces]
+            else:
+                segments = [Segment(orpheus.build_prompt_ids(self.tokenizer, p, voice)) for p in pieces]
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
-        longest = max(len(p) for p in prompts)
+        longest = max(len(s.prompt_ids) for s in segments)
         if longest >= cfg.kv_cache.max_seq_len:
             raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")
-        return prompts, params
+        return segments, params
 
     async def on_engine_thread(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine thread between steps and return its result (for inspection)."""

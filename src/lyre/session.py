@@ -48,6 +48,8 @@ class DoneEvent:
 @dataclass
 class Segment:
     prompt_ids: list[int]
+    prefix_key: str | None = None  # a cloned voice's reference turn: the first prefix_len ids, kept by the engine
+    prefix_len: int = 0
     parser: orpheus.AudioTokenParser = field(default_factory=orpheus.AudioTokenParser)
     decoder: Any = None  # the codec's stream for this segment (lyre.codec.stream / window), once submitted
     submitted: bool = False

@@ -24,19 +24,26 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from lyre.errors import InvalidRequest, OverloadedError
+from lyre.accounts import DEFAULT_ACCOUNT
+from lyre.errors import InvalidRequest, OverloadedError, SynthesisCancelled
 from lyre.text import SentenceStream
 
 if TYPE_CHECKING:
+    from lyre.audit import AuditEntry
     from lyre.service import AudioChunk, SpeechStream, TTSService
+    from lyre.voices.registry import Voice
+    from lyre.watermark import Marker
 
 AHEAD = 1  # pieces generating ahead of the one being heard
 
 
 class Utterance:
-    def __init__(self, service: TTSService, voice: str | None, sampling: dict[str, Any], max_chars: int,
-                 max_pending_chars: int):
-        self._service, self._voice, self._sampling = service, voice, sampling
+    def __init__(self, service: TTSService, voice: str | Voice | None, sampling: dict[str, Any], max_chars: int,
+                 max_pending_chars: int, account: str = DEFAULT_ACCOUNT, audit: AuditEntry | None = None,
+                 mark: Marker | None = None):
+        self._service, self._voice, self._sampling, self._account = service, voice, sampling, account
+        self._audit = audit  # the utterance's one audit row: every piece's PCM, recorded when it ends
+        self._mark = mark  # one watermark across the pieces: the pattern runs on without a jump
         self.max_pending_chars = max_pending_chars
         self._text = SentenceStream(max_chars)
         self._queue: deque[str] = deque()  # complete pieces not started yet
@@ -66,11 +73,15 @@ class Utterance:
         self._check_open()
         if not isinstance(text, str):
             raise InvalidRequest(f"appended text must be a string, got {type(text).__name__}")
+        held = self._held
         text = self._join_surrogates(text)
         if self.pending_chars + len(text) > self.max_pending_chars:
+            self._held = held
             raise InvalidRequest(
                 f"this append would leave {self.pending_chars + len(text)} characters waiting to be spoken; "
                 f"server.max_pending_text_chars is {self.max_pending_chars}: send more once audio has played")
+        if self._audit is not None:
+            self._audit.add_text(text)
         self._add(self._text.append(text))
 
     def flush(self) -> None:
@@ -89,6 +100,7 @@ class Utterance:
 
     def cancel(self) -> None:
         """Stop at once: every started piece is cancelled (its KV slot freed), nothing more is spoken."""
+        self._record("cancelled", "cancelled")
         self.ended = self.closed = True
         for stream, _ in self._streams:
             stream.cancel()
@@ -142,7 +154,8 @@ class Utterance:
             piece = self._queue[0]
             started_at = time.monotonic()  # not after the session's own start (its TTFB's origin)
             try:
-                stream = self._service.stream(piece, self._voice, **self._sampling)
+                stream = self._service.stream(piece, self._voice, account=self._account, audit=self._audit,
+                                              mark=self._mark, **self._sampling)
             except OverloadedError:
                 if raise_overload and not self._streams:
                     raise
@@ -173,6 +186,7 @@ class Utterance:
                     self._start(raise_overload=True)
                 if not self._streams:
                     if self.ended and not self._queue:
+                        self._record("finished")
                         self.closed = True
                         raise StopAsyncIteration
                     self._changed.clear()
@@ -191,9 +205,15 @@ class Utterance:
                 return chunk
         except StopAsyncIteration:
             raise
-        except BaseException:  # a failed piece, or the consumer went away: nothing keeps a slot
+        except BaseException as e:  # a failed piece, or the consumer went away: nothing keeps a slot
+            if not isinstance(e, (asyncio.CancelledError, SynthesisCancelled)):
+                self._record("failed", getattr(e, "code", type(e).__name__))
             self.cancel()
             raise
+
+    def _record(self, outcome: str, reason: str | None = None) -> None:
+        if self._audit is not None and not self.closed:
+            self._audit.finish(outcome, reason)
 
     def _count(self, m: dict[str, Any], started_at: float) -> None:
         """Add a finished piece's metrics. TTFB is the utterance's: from when its first piece was complete

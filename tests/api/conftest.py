@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ class Server:
     http: str
     grpc: str
     log_path: str
+    data_dir: str
 
     def log(self) -> str:
         return open(self.log_path).read()
@@ -59,11 +61,12 @@ class Server:
 
 def start_server(*overrides: str) -> Server:
     """A production_server.py on free ports (the benchmark's launcher), with the test settings."""
+    data_dir = tempfile.mkdtemp(prefix="lyre-data-")  # its own voices database and audit trail
     managed = ManagedServer(None, (
         f"model.demo_dir={REPO_ROOT / 'models' / 'demo'}", f"sampling.max_tokens={MAX_TOKENS}",
         f"sampling.min_tokens={MAX_TOKENS}", "codec.noise=false", "scheduler.max_concurrent_sessions=8",
-        "scheduler.max_batch_size=8", "kv_cache.max_seq_len=1024", *overrides)).__enter__()
-    return Server(managed.proc, managed.http, managed.grpc, managed.log_path)
+        "scheduler.max_batch_size=8", "kv_cache.max_seq_len=1024", f"data_dir={data_dir}", *overrides)).__enter__()
+    return Server(managed.proc, managed.http, managed.grpc, managed.log_path, data_dir)
 
 
 def stop_server(server: Server) -> int:

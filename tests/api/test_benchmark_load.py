@@ -135,3 +135,25 @@ def test_scaling_measures_one_server_per_codec_mode_with_the_codec_cost_and_an_u
     assert "lyre-window" in run.stdout and "codec ms/frame" in run.stdout
     refused = bench("--mode", "scaling", "--url", "http://127.0.0.1:1", "--codec-modes", "stream")
     assert refused.returncode == 2 and "--codec-modes starts one server per mode" in refused.stderr
+
+
+def test_a_cloned_voice_with_and_without_the_kept_prefix(tmp_path):
+    out = tmp_path / "clone.json"
+    run = bench("--mode", "scaling", "--levels", "1", "--requests", "3", "--voice", "tara,clone",
+                "--prefix-cache", "on,off", "--protocol", "rest", "--output", str(out), *QUICK,
+                "--set", f"data_dir={tmp_path}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    engines = json.loads(out.read_text())["engines"]
+    assert set(engines) == {"lyre-cache-on/tara", "lyre-cache-on/clone", "lyre-cache-off/tara", "lyre-cache-off/clone"}
+    level = {name: e["levels"][0] for name, e in engines.items()}
+    assert engines["lyre-cache-on/clone"]["voice"].startswith("v_")
+    for name, lv in level.items():
+        assert lv["success_rate"] == 1.0 and lv["prompt_tokens_per_request"] > 0, name
+    on, off = level["lyre-cache-on/clone"], level["lyre-cache-off/clone"]
+    assert on["prompt_tokens_per_request"] == off["prompt_tokens_per_request"] > 600  # an 8 s reference turn
+    assert off["prefilled_tokens_per_request"] == off["prompt_tokens_per_request"]  # computed every time
+    assert on["prefilled_tokens_per_request"] < on["prompt_tokens_per_request"] / 2  # kept after the first
+    assert level["lyre-cache-on/tara"]["prompt_tokens_per_request"] < 100
+    assert "prompt/prefilled" in run.stdout
+    refused = bench("--mode", "scaling", "--prefix-cache", "maybe", *QUICK)
+    assert refused.returncode == 2 and "--prefix-cache takes on and/or off" in refused.stderr

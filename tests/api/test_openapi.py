@@ -145,4 +145,29 @@ def test_the_speech_body_schema_is_the_one_requests_are_validated_with(spec, ser
     document = requests.get(server.http + "/openapi.json").json()
     body = document["components"]["schemas"]["SpeechBody"]
     assert set(body["properties"]) == set(SpeechBody.model_fields) and body["additionalProperties"] is False
+    assert set(body["properties"]["response_format"]["enum"]) == {*FORMATS, None}
     assert json.dumps(body).count("description") >= len(SpeechBody.model_fields)
+
+
+def test_voice_endpoints_answer_as_documented(spec, server):
+    from ..voices.audio_files import audio_file, speechlike
+
+    wav = audio_file(speechlike(4.0, 16000), 16000, "wav")
+    consent = json.dumps({"granted": True, "speaker": "Doc", "source": "self_recorded"})
+    fields = {"transcript": "Documented words.", "name": "Doc", "consent": consent}
+    r = call(spec, "POST", server.http + "/v1/voices", files={"audio": ("doc.wav", wav, "audio/wav")}, data=fields)
+    assert r.status_code == 201 and r.headers["Location"] == f"/v1/voices/{r.json()['id']}"
+    vid = r.json()["id"]
+    assert call(spec, "POST", server.http + "/v1/voices", files={"audio": ("doc.wav", wav, "audio/wav")},
+                data=fields).status_code == 409
+    assert call(spec, "POST", server.http + "/v1/voices", files={"audio": ("x.wav", b"nope" * 100, "audio/wav")},
+                data={**fields, "name": "Doc2"}).status_code == 422
+    assert call(spec, "POST", server.http + "/v1/voices", json={"audio": "..."}).status_code == 400
+    assert call(spec, "GET", server.http + "/v1/voices").json()["voices"][-1]["id"] == vid
+    for path in (f"/v1/voices/{vid}", f"/v1/voices/{vid}/consent", "/v1/voices/tara"):
+        assert call(spec, "GET", server.http + path).status_code == 200, path
+    assert call(spec, "GET", server.http + "/v1/voices/tara/consent").status_code == 400
+    assert call(spec, "DELETE", server.http + f"/v1/voices/{vid}").status_code == 204
+    for method, path in (("GET", f"/v1/voices/{vid}"), ("DELETE", f"/v1/voices/{vid}"),
+                         ("GET", f"/v1/voices/{vid}/consent")):
+        assert call(spec, method, server.http + path).status_code == 404

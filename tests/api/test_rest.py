@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import struct
+import time
 
 import aiohttp
 import av
@@ -200,7 +201,56 @@ def test_bad_input_gets_a_clear_json_error(server, body, status, code):
 
 def test_unknown_route_and_method_are_json_errors(server):
     status, body = server.get("/v1/nothing-here")
-    assert status == 404 and body["error"]["code"] == "not_found"
+    assert status == 404 and body["error"]["code"] == "not_found" and body["error"]["type"] == "not_found_error"
+
+    async def wrong_method():
+        async with aiohttp.ClientSession() as s, s.get(server.http + "/v1/audio/speech") as r:
+            return r.status, r.headers.get("Allow"), await r.json()
+
+    status, allow, body = asyncio.run(wrong_method())
+    assert status == 405 and allow == "POST" and body["error"]["code"] == "method_not_allowed"
+
+
+def test_input_and_text_together_are_refused(server):
+    async def go():
+        async with aiohttp.ClientSession() as s, s.post(server.http + "/v1/audio/speech",
+                                                          json={"input": "one", "text": "two"}) as r:
+            return r.status, await r.json()
+
+    status, body = asyncio.run(go())
+    assert status == 400 and "not both" in body["error"]["message"]
+
+
+def sessions_ended(server, outcome: str) -> float:
+    text = server.get("/metrics")[1]
+    line = next((x for x in text.splitlines() if x.startswith(f'lyre_sessions_total{{outcome="{outcome}"}}')), None)
+    return float(line.split()[-1]) if line else 0.0
+
+
+def test_a_client_that_leaves_before_its_whole_flac_file_cancels_its_synthesis(server):
+    """FLAC is answered whole, so nothing is written until the end: the handler notices the client
+    has gone at the next chunk and cancels, instead of synthesizing the rest for nobody."""
+    before, stats = sessions_ended(server, "cancelled"), server.stats()
+    started, tokens = stats["scheduler"]["total_sessions"], stats["total_tokens"]
+
+    async def leave():
+        host, port = server.http.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        body = json.dumps({"input": "Nobody will hear this.", "response_format": "flac", "max_tokens": 3000,
+                           "min_tokens": 3000}).encode()
+        writer.write(b"POST /v1/audio/speech HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    asyncio.run(leave())
+    deadline = time.monotonic() + 60
+    while sessions_ended(server, "cancelled") == before:  # ask until it has ended
+        assert time.monotonic() < deadline, server.stats()
+    stats = server.eventually_idle()
+    assert stats["scheduler"]["total_sessions"] == started + 1
+    assert stats["total_tokens"] - tokens < 3000  # it stopped long before the 3000 tokens asked for
 
 
 def test_info_endpoints(server):

@@ -135,14 +135,15 @@ def test_bad_requests_get_riva_status_codes_on_both_calls(tts, server, kwargs, c
     assert server.eventually_idle()["kv_cache"]["used_slots"] == 0
 
 
-def test_zero_shot_data_is_refused_until_cloning_exists(server):
+def test_zero_shot_data_is_refused_for_want_of_a_consent_record(server):
     with grpc.insecure_channel(server.grpc) as channel:
         stub = riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel)
         request = riva_tts_pb2.SynthesizeSpeechRequest(text="Clone me.")
         request.zero_shot_data.audio_prompt = b"RIFF...."
         with pytest.raises(grpc.RpcError) as e:
             stub.Synthesize(request)
-    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cloning" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "consent" in e.value.details()
+    assert "EnrollVoice" in e.value.details()
 
 
 def test_long_text_is_split_and_spoken_as_one_response(tts):

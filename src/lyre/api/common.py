@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -14,6 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from lyre.audio import AudioEncoder, AudioFormatError
 from lyre.errors import (
+    ConsentRequired,
+    DatabaseError,
+    InvalidAudio,
     InvalidRequest,
     LyreError,
     OutOfRange,
@@ -24,7 +26,10 @@ from lyre.errors import (
     SynthesisTimeout,
     TextTooLong,
     TooManyConnections,
+    TooManyVoices,
     UnknownVoice,
+    UploadTooLarge,
+    VoiceExists,
 )
 
 if TYPE_CHECKING:
@@ -43,8 +48,15 @@ def classify(error: BaseException) -> ErrorInfo:
     """How a Lyre error maps to HTTP and gRPC status codes."""
     if isinstance(error, UnknownVoice):
         return ErrorInfo(404, "NOT_FOUND", "not_found_error")
-    if isinstance(error, (TextTooLong, OutOfRange, AudioFormatError)):
+    if isinstance(error, (TextTooLong, OutOfRange, AudioFormatError, InvalidAudio, ConsentRequired)):
         return ErrorInfo(422, "INVALID_ARGUMENT", "invalid_request_error")
+    if isinstance(error, UploadTooLarge):
+        return ErrorInfo(413, "INVALID_ARGUMENT", "invalid_request_error")
+    if isinstance(error, (VoiceExists, TooManyVoices)):
+        return ErrorInfo(409, "ALREADY_EXISTS" if isinstance(error, VoiceExists) else "RESOURCE_EXHAUSTED",
+                         "conflict_error")
+    if isinstance(error, DatabaseError):
+        return ErrorInfo(503, "UNAVAILABLE", "service_unavailable")
     if isinstance(error, InvalidRequest):
         return ErrorInfo(400, "INVALID_ARGUMENT", "invalid_request_error")
     if isinstance(error, (OverloadedError, TooManyConnections)):
@@ -75,14 +87,6 @@ def retry_after(error: BaseException) -> str | None:
     """The Retry-After value (whole seconds, at least 1) for an overload refusal."""
     seconds = getattr(error, "retry_after_s", None)
     return None if seconds is None else str(max(1, round(seconds)))
-
-
-def key_matches(api_key: str | None, authorization: str | None) -> bool:
-    """Whether an ``Authorization`` header value carries the API key (constant-time; always true
-    when no key is configured). The key is accepted only from this header, never from a URL."""
-    if not api_key:
-        return True
-    return hmac.compare_digest((authorization or "").encode(), f"Bearer {api_key}".encode())
 
 
 def json_object(raw: str | bytes, what: str) -> dict[str, Any]:
@@ -129,6 +133,16 @@ class Clients:
         self.open[address] -= 1
         if self.open[address] <= 0:
             del self.open[address]
+
+
+def peer_address(peer: str) -> str:
+    """The client address of a gRPC peer as aiohttp names it: "ipv4:1.2.3.4:5678" -> "1.2.3.4",
+    "ipv6:[::1]:5678" -> "::1"."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return peer
+    host = rest.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
 
 
 class InFlight:
@@ -211,10 +225,16 @@ async def finish(encoder: AudioEncoder) -> bytes:
     return await _off_loop(encoder, encoder.finish)
 
 
-async def whole_audio(stream: SpeechStream | Utterance, encoder: AudioEncoder) -> bytes:
-    """All of ``stream``'s audio, encoded; the stream and the encoder end with it."""
+async def whole_audio(stream: SpeechStream | Utterance, encoder: AudioEncoder,
+                      gone: Callable[[], bool] | None = None) -> bytes:
+    """All of ``stream``'s audio, encoded; the stream and the encoder end with it. ``gone``: whether
+    the client has left (checked at every chunk: ConnectionResetError ends the synthesis at once)."""
     try:
-        parts = [await encode(encoder, c.pcm) async for c in stream]
+        parts = []
+        async for chunk in stream:
+            if gone is not None and gone():
+                raise ConnectionResetError("the client went away before its audio was complete")
+            parts.append(await encode(encoder, chunk.pcm))
         parts.append(await finish(encoder))
         return b"".join(parts)
     finally:

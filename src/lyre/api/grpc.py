@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
+from lyre.accounts import Accounts
 from lyre.api.common import (
     DRAIN_TIMEOUT,
     InFlight,
@@ -30,9 +31,10 @@ from lyre.api.common import (
     describe_text,
     encode,
     finish,
-    key_matches,
+    peer_address,
     whole_audio,
 )
+from lyre.api.grpc_voices import VoiceMethods
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections
 from lyre.options import SamplingOptions, parse
@@ -68,16 +70,6 @@ def _decoder(cls: Any):
             return Undecodable(cls.DESCRIPTOR.name, str(e))
 
     return decode
-
-
-def _peer_address(peer: str) -> str:
-    """The client address of a gRPC peer as aiohttp names it: "ipv4:1.2.3.4:5678" -> "1.2.3.4",
-    "ipv6:[::1]:5678" -> "::1"."""
-    kind, _, rest = peer.partition(":")
-    if kind not in ("ipv4", "ipv6"):
-        return peer
-    host = rest.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
 
 
 def _audio_format(audio: Any) -> tuple[str, int | None]:
@@ -122,26 +114,28 @@ class Servicer:
     def __init__(self, service: TTSService, inflight: InFlight):
         self.service = service
         self.inflight = inflight
+        self.accounts = Accounts(service.config.server)
 
     @contextlib.asynccontextmanager
     async def _serving(self, context: grpc.aio.ServicerContext, request: Any = None):
-        """Every call: a message that decodes, the API key, not draining, the client's limit; then
-        Lyre's errors become status codes."""
+        """Every call: a message that decodes, the API key (yields its account), not draining, the
+        client's limit; then Lyre's errors become status codes."""
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the request is not a valid {request.type_name} message: {request.error}")
-        if not key_matches(self.service.config.server.api_key, dict(context.invocation_metadata()).get("authorization")):
+        account = self.accounts.account(dict(context.invocation_metadata()).get("authorization"))
+        if account is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key (authorization: Bearer <key>)")
         if self.inflight.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         try:
-            address = self.inflight.clients.enter(_peer_address(context.peer()))
+            address = self.inflight.clients.enter(peer_address(context.peer()))
         except TooManyConnections as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         try:
             with self.inflight:
                 try:
-                    yield
+                    yield account
                 except (LyreError, AudioFormatError) as e:
                     await context.abort(getattr(grpc.StatusCode, classify(e).grpc_status), str(e))
                 except asyncio.CancelledError:
@@ -152,11 +146,12 @@ class Servicer:
             self.inflight.clients.leave(address)
 
 
-class TextToSpeech(Servicer):
+class TextToSpeech(VoiceMethods, Servicer):
     async def Synthesize(self, request, context):
-        async with self._serving(context, request):
+        async with self._serving(context, request) as account:
             fmt, rate = _audio_format(request.audio)
-            stream = self.service.speak(request.text, request.voice or None, **_sampling(request.sampling))
+            voice = await self.service.voices.resolve(request.voice or None, account)
+            stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling))
             log.debug("Synthesize: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate, stream=False)  # one response: a whole file (headers filled in)
             return tts_pb2.SynthesizeResponse(
@@ -166,9 +161,10 @@ class TextToSpeech(Servicer):
                 metrics=_metrics(stream.metrics))
 
     async def SynthesizeStream(self, request, context) -> AsyncIterator[Any]:
-        async with self._serving(context, request):
+        async with self._serving(context, request) as account:
             fmt, rate = _audio_format(request.audio)
-            stream = self.service.speak(request.text, request.voice or None, **_sampling(request.sampling))
+            voice = await self.service.voices.resolve(request.voice or None, account)
+            stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling))
             log.debug("SynthesizeStream: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate)
             chunks = _Chunks(encoder)
@@ -183,7 +179,7 @@ class TextToSpeech(Servicer):
                 encoder.close()
 
     async def StreamingSynthesize(self, request_iterator, context) -> AsyncIterator[Any]:
-        async with self._serving(context):
+        async with self._serving(context) as account:
             first = await anext(request_iterator, None)
             if isinstance(first, Undecodable):
                 raise InvalidRequest(f"the request is not a valid {first.type_name} message: {first.error}")
@@ -191,7 +187,8 @@ class TextToSpeech(Servicer):
                 raise InvalidRequest("the first message must be a StreamingConfig")
             config = first.config
             fmt, rate = _audio_format(config.audio)
-            utterance = self.service.utterance(config.voice or None, **_sampling(config.sampling))
+            voice = await self.service.voices.resolve(config.voice or None, account)
+            utterance = self.service.utterance(voice, account=account, protocol="grpc", **_sampling(config.sampling))
             encoder = AudioEncoder(fmt, rate)
             chunks = _Chunks(encoder)
             reader = asyncio.get_running_loop().create_task(_read_text(request_iterator, utterance))
@@ -200,11 +197,6 @@ class TextToSpeech(Servicer):
                     yield chunks.message(data, final=True, metrics=_metrics(utterance.metrics))
                 elif data:
                     yield chunks.message(data)
-
-    async def ListVoices(self, request, context):
-        async with self._serving(context, request):
-            return tts_pb2.ListVoicesResponse(voices=[tts_pb2.Voice(name=v) for v in self.service.voices],
-                                              default_voice=self.service.config.model.default_voice)
 
     async def GetStats(self, request, context):
         async with self._serving(context, request):
@@ -289,7 +281,9 @@ def _reflection_v1(reflector: reflection.aio.ReflectionServicer) -> grpc.Generic
 
 async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start the gRPC server; returns it, the bound port and its health servicer."""
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", service.config.server.max_body_bytes)])
+    # a message up to server.max_body_bytes, or an enrollment's audio (voices.max_upload_bytes)
+    limit = max(service.config.server.max_body_bytes, service.config.voices.max_upload_bytes + 64 * 1024)
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
     from lyre.api import riva
 
     server.add_generic_rpc_handlers((handlers(TextToSpeech(service, inflight), SERVICE, tts_pb2),

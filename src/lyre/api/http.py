@@ -5,15 +5,17 @@
   ignored) plus ``sample_rate``, ``mulaw``/``alaw`` formats and sampling overrides
   (:class:`lyre.options.SpeechBody`); audio streams from the first chunk, except FLAC, which is
   sent whole so that its header holds its length (libsndfile cannot read a FLAC file without it).
-- ``GET /v1/voices`` (with each voice's aliases: OpenAI's names by default, case-insensitive),
-  ``/v1/models`` (as OpenAI's), ``/v1/stats``, ``/health``, ``/metrics``, ``/openapi.json`` (the
+- voices (built-in and each account's cloned voices: :mod:`lyre.api.voices`), ``GET /v1/models``
+  (as OpenAI's), ``/v1/stats``, ``/health``, ``/metrics``, ``/openapi.json`` (the
   OpenAPI 3.1 document of all of these, :mod:`lyre.api.openapi`).
 - ``GET /v1/audio/stream``: the WebSocket (:mod:`lyre.api.ws`).
 
 Every response carries ``X-Request-Id``: the client's, when it sent a sane one, else a new one.
 
 Errors are JSON ``{"error": {"message", "type", "code"}}`` with a fitting 4xx/5xx status. With
-``server.api_key`` set, ``/v1/`` needs ``Authorization: Bearer <key>`` (compared in constant time).
+API keys configured (``server.api_keys``, ``server.api_key``), ``/v1/`` needs ``Authorization:
+Bearer <key>`` (compared in constant time); the key names the request's account
+(``request[ACCOUNT]``), which owns the cloned voices it enrolls.
 Each client address may hold ``server.max_connections_per_client`` requests and sockets at once.
 """
 
@@ -31,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lyre.accounts import Accounts
 from lyre.api.common import (
     InFlight,
     cancelled_by_drain,
@@ -40,13 +43,12 @@ from lyre.api.common import (
     error_body,
     finish,
     json_object,
-    key_matches,
     retry_after,
     whole_audio,
 )
 from lyre.api.openapi import document
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
-from lyre.errors import InvalidRequest, LyreError
+from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.options import SpeechBody, parse
 from lyre.service import SpeechStream, TTSService
 from lyre.utterance import Utterance
@@ -55,6 +57,7 @@ log = logging.getLogger("lyre.http")
 
 SERVICE = web.AppKey("service", TTSService)
 INFLIGHT = web.AppKey("inflight", InFlight)
+ACCOUNT = "lyre.account"  # request key: the account the request's API key names
 MAX_BODY = web.AppKey("max_body", int)
 
 
@@ -81,15 +84,20 @@ async def errors_middleware(request: web.Request, handler):
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status, "http_error")
         message = e.text if e.status != 413 else (
             f"request body is larger than server.max_body_bytes ({request.app[MAX_BODY]} bytes)")
-        return error_response(e.status, message, "invalid_request_error", code)
+        allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None  # a 405 says what is allowed
+        return error_response(e.status, message, "not_found_error" if e.status == 404 else "invalid_request_error",
+                              code, headers=allow)
 
 
-def auth_middleware(api_key: str | None):
+def auth_middleware(accounts: Accounts):
     @web.middleware
     async def middleware(request: web.Request, handler):
-        if request.path.startswith("/v1/") and not key_matches(api_key, request.headers.get("Authorization")):
-            return error_response(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                  "authentication_error", "unauthorized")
+        if request.path.startswith("/v1/"):
+            account = accounts.account(request.headers.get("Authorization"))
+            if account is None:
+                return error_response(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                                      "authentication_error", "unauthorized")
+            request[ACCOUNT] = account
         return await handler(request)
 
     return middleware
@@ -109,17 +117,19 @@ async def clients_middleware(request: web.Request, handler):
 
 
 def create_app(service: TTSService, inflight: InFlight) -> web.Application:
+    from lyre.api import verify, voices
     from lyre.api.ws import websocket
 
     cfg = service.config.server
     app = web.Application(client_max_size=cfg.max_body_bytes,
-                          middlewares=[errors_middleware, auth_middleware(cfg.api_key), clients_middleware])
+                          middlewares=[errors_middleware, auth_middleware(Accounts(cfg)), clients_middleware])
     app[SERVICE] = service
     app[INFLIGHT] = inflight
     app[MAX_BODY] = cfg.max_body_bytes
     app.router.add_post("/v1/audio/speech", speech)
     app.router.add_get("/v1/audio/stream", websocket)
-    app.router.add_get("/v1/voices", voices)
+    voices.routes(app)
+    verify.routes(app)
     app.router.add_get("/v1/models", models)
     app.on_response_prepare.append(request_id_header)
     app.router.add_get("/v1/stats", stats)
@@ -142,19 +152,23 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
 
 def draining(request: web.Request) -> None:
     if request.app[INFLIGHT].draining:
-        raise web.HTTPServiceUnavailable(text="the server is shutting down")
+        raise ServiceUnavailable("the server is shutting down")
 
 
 async def speech(request: web.Request) -> web.StreamResponse:
     draining(request)
     service = request.app[SERVICE]
     body = parse(SpeechBody, await _json_body(request))
+    if body.input is not None and body.text is not None:
+        raise InvalidRequest("give 'input' (OpenAI's name) or 'text', not both")
     text = body.input if body.input is not None else body.text
     if text is None:
         raise InvalidRequest("'input' is required")
     fmt = body.response_format or ("mp3" if body.input is not None else "wav")
     check_format(fmt, body.sample_rate)  # refused before admission; the encoder is built after it
-    stream = service.speak(text, body.voice, **body.sampling())
+    account = request[ACCOUNT]
+    voice = await service.voices.resolve(body.voice, account)
+    stream = service.speak(text, voice, account=account, protocol="rest", **body.sampling())
     log.debug("speech: %s, %s", describe_text(text), fmt)
     with request.app[INFLIGHT]:
         if fmt == "flac" and body.stream_format != "sse":
@@ -170,13 +184,17 @@ async def _respond_whole(request: web.Request, stream: SpeechStream, fmt: str, b
         await stream.aclose()
         raise
     try:
-        data = await whole_audio(stream, encoder)
+        data = await whole_audio(stream, encoder, gone=lambda: request.transport is None or
+                                 request.transport.is_closing())
     except asyncio.CancelledError:
         error = cancelled_by_drain(request.app[INFLIGHT])
         if error is None:
             raise
         raise error from None
-    return web.Response(body=data, headers={"Content-Type": encoder.content_type,
+    except ConnectionResetError:  # the client left: its synthesis has been cancelled
+        log.debug("speech: the client disconnected before its %s file was complete", fmt)
+        return web.Response(status=499)
+    return web.Response(body=data, headers={"Content-Type": encoder.content_type, "Cache-Control": "no-cache",
                                             "X-Sample-Rate": str(encoder.sample_rate)})
 
 
@@ -239,14 +257,6 @@ async def _send(resp: web.StreamResponse, data: bytes, sse: bool) -> None:
 
 async def _sse(resp: web.StreamResponse, event: dict) -> None:
     await resp.write(f"data: {json.dumps(event)}\n\n".encode())
-
-
-async def voices(request: web.Request) -> web.Response:
-    service = request.app[SERVICE]
-    model = service.config.model
-    return web.json_response({"voices": [{"name": v, "aliases": [a for a, t in model.voice_aliases.items() if t == v]}
-                                         for v in service.voices],
-                              "default": model.default_voice})
 
 
 async def models(request: web.Request) -> web.Response:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,13 +37,65 @@ class Error(_Shape):
 
 
 class Voice(_Shape):
+    """A built-in voice, or one of the caller's cloned voices."""
+
+    id: str = Field(description="what a request passes as 'voice' (a built-in voice's id is its name)")
     name: str
-    aliases: list[str] = Field(description="other names for this voice (OpenAI's voice names by default)")
+    type: Literal["builtin", "cloned"]
+    aliases: list[str] | None = Field(None, description="built-in: other names for it (OpenAI's by default)")
+    created_at: str | None = Field(None, description="cloned: when it was enrolled (RFC 3339)")
+    transcript: str | None = Field(None, description="cloned: the words of the reference clip")
+    duration_s: float | None = Field(None, description="cloned: the reference clip's length")
+    reference_tokens: int | None = Field(None, description="cloned: Orpheus audio tokens of the reference clip")
+    audio_sha256: str | None = Field(None, description="cloned: sha256 of the stored (normalised FLAC) clip")
+    codec_id: str | None = Field(None, description="cloned: the SNAC weights its tokens were made with")
+    model_id: str | None = Field(None, description="cloned: the checkpoint served when it was enrolled")
 
 
 class VoiceList(_Shape):
     voices: list[Voice]
     default: str = Field(description="the voice used when a request names none")
+
+
+class ConsentRecord(_Shape):
+    granted: bool
+    speaker: str
+    source: Literal["self_recorded", "recorded_with_permission"]
+    statement: str | None
+    time: str = Field(description="when the voice was enrolled (RFC 3339, UTC)")
+    account: str = Field(description="the account that enrolled it")
+    address: str | None = Field(description="the client address it was enrolled from")
+    upload_sha256: str = Field(description="sha256 of the audio file as uploaded")
+
+
+class Consent(_Shape):
+    id: str
+    consent: ConsentRecord
+
+
+class Verification(_Shape):
+    """``POST /v1/audio/verify`` (or the raw file as the body)."""
+
+    audio: bytes = Field(description="the audio file to check: any format FFmpeg reads (wav, flac, mp3, ogg, ...)")
+
+
+class VerifyResult(_Shape):
+    watermarked: bool = Field(description="score >= threshold")
+    score: float = Field(description="correlation with Lyre's mark at the best lag, in standard deviations "
+                         "(unmarked audio: ~4-5)")
+    threshold: float = Field(description="watermark.threshold")
+    seconds: float = Field(description="the audio's duration (the first 600 s are checked)")
+
+
+class Enrollment(_Shape):
+    """``POST /v1/voices`` (multipart/form-data)."""
+
+    audio: bytes = Field(description="the reference recording: wav, flac, mp3, ogg/opus, ...; any sample rate, "
+                         "mono or stereo; 3-30 s (voices.min_seconds, max_seconds); at most voices.max_upload_bytes")
+    transcript: str = Field(description="the exact words spoken in the recording")
+    name: str = Field(description="1-64 printable characters, unique within the account")
+    consent: str = Field(description='JSON: {"granted": true, "speaker": "who is speaking", "source": '
+                         '"self_recorded" | "recorded_with_permission", "statement": "optional"}')
 
 
 class Model(_Shape):
@@ -89,15 +141,18 @@ class Health(_Shape):
     demo: bool = Field(description="true on the demo checkpoint (random weights: its audio is noise)")
 
 
-SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, ModelList, Stats, Health, SpeechBody, WsMessage)
+SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enrollment, Verification, VerifyResult,
+                                         ModelList, Stats, Health, SpeechBody, WsMessage)
 
 _REQUEST_ID = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
 _ERRORS = {
     400: "malformed JSON, wrong types, unknown fields, or not a WebSocket handshake",
-    401: "missing or wrong API key (only when server.api_key is set)",
-    404: "unknown voice",
-    413: "request body over server.max_body_bytes",
-    422: "a value out of range or unsupported (format, sample rate, speed, text too long)",
+    401: "missing or wrong API key (only when API keys are configured: server.api_keys, server.api_key)",
+    404: "unknown voice (another account's cloned voices are unknown too)",
+    409: "the account already has a voice of that name, or holds voices.max_per_account voices",
+    413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
+    422: "a value out of range or unsupported (format, sample rate, speed, text too long; enrollment: audio that "
+         "is not a usable 3-30 s clip, a transcript it cannot hold, consent missing or not granted)",
     429: "overloaded, or too many open requests from this client (see Retry-After)",
     500: "the synthesis failed",
     503: "shutting down, or the engine stopped",
@@ -120,6 +175,38 @@ def _json(description: str, schema: str, *errors: int, status: int = 200) -> dic
         "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}}
     responses.update({str(e): _error(e) for e in errors})
     return responses
+
+
+_VOICE_ID = [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"},
+              "description": "a cloned voice's id (v_ + 16 characters) or a built-in voice's name"}]
+
+
+def _voices() -> dict[str, Any]:
+    form = {"multipart/form-data": {"schema": {"$ref": "#/components/schemas/Enrollment"},
+                                    "encoding": {"audio": {"contentType": "application/octet-stream, audio/*"}}}}
+    return {
+        "/v1/voices": {
+            "get": _v1({"operationId": "listVoices", "summary": "Built-in voices and the caller's cloned voices",
+                        "responses": _json("the voices", "VoiceList", 401, 429, 503)}),
+            "post": _v1({"operationId": "enrollVoice", "summary": "Clone a voice from a reference recording, with "
+                         "the speaker's consent", "requestBody": {"required": True, "content": form},
+                         "responses": _json("the new voice (Location names it)", "Voice", 400, 401, 409, 413, 422,
+                                            429, 503, status=201)}),
+        },
+        "/v1/voices/{voice_id}": {
+            "get": _v1({"operationId": "getVoice", "summary": "One voice", "parameters": _VOICE_ID,
+                        "responses": _json("the voice", "Voice", 401, 404, 429, 503)}),
+            "delete": _v1({"operationId": "deleteVoice", "summary": "Delete a cloned voice, its audio and every "
+                           "cached state of it (a synthesis already running finishes)", "parameters": _VOICE_ID,
+                           "responses": {"204": {"description": "deleted", "headers": dict(_REQUEST_ID)},
+                                         **{str(e): _error(e) for e in (400, 401, 404, 429, 503)}}}),
+        },
+        "/v1/voices/{voice_id}/consent": {
+            "get": _v1({"operationId": "getConsent", "summary": "A cloned voice's consent record",
+                        "parameters": _VOICE_ID, "responses": _json("the record", "Consent", 400, 401, 404, 429,
+                                                                      503)}),
+        },
+    }
 
 
 def _v1(operation: dict[str, Any]) -> dict[str, Any]:
@@ -182,8 +269,13 @@ def document() -> dict[str, Any]:
         "paths": {
             "/v1/audio/speech": {"post": _speech()},
             "/v1/audio/stream": {"get": _stream()},
-            "/v1/voices": {"get": _v1({"operationId": "listVoices", "summary": "The voices and their aliases",
-                                       "responses": _json("the voices", "VoiceList", 401, 429)})},
+            **_voices(),
+            "/v1/audio/verify": {"post": _v1({
+                "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",
+                "requestBody": {"required": True, "content": {
+                    "multipart/form-data": {"schema": {"$ref": "#/components/schemas/Verification"}},
+                    "application/octet-stream": {}, "audio/*": {}}},
+                "responses": _json("the verdict", "VerifyResult", 400, 401, 413, 422, 429)})},
             "/v1/models": {"get": _v1({"operationId": "listModels", "summary": "The model served (OpenAI's form)",
                                        "responses": _json("the models", "ModelList", 401, 429)})},
             "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",

@@ -19,8 +19,10 @@ Opus takes the next rate it supports, 8/12/16/24/48 kHz); ``voice_name``: a Riva
 ``riva.language_code``'s language (or empty); ``custom_configuration`` may carry Lyre's sampling
 options (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_tokens``,
 ``min_tokens``, ``seed``); ``id`` is echoed on every response. ``custom_dictionary`` (phonemes) and
-``zero_shot_data`` (cloning) are refused with INVALID_ARGUMENT: Orpheus reads text as written, and
-this server has no voice cloning yet. ``enable_word_time_offsets`` is accepted; ``meta.words`` stays
+``zero_shot_data`` (cloning per request) are refused with INVALID_ARGUMENT: Orpheus reads text as
+written, and a voice is cloned only with its speaker's consent on record (enroll it, then pass its
+id as ``voice_name``: cloned voices of the caller's account work like built-in ones).
+``enable_word_time_offsets`` is accepted; ``meta.words`` stays
 empty (Orpheus does not align words). Failures get the same status codes as ``lyre.v1``.
 """
 
@@ -43,6 +45,7 @@ from lyre.audio import AudioEncoder, check_format
 from lyre.errors import InvalidRequest, UnknownVoice, shorten
 from lyre.options import SamplingOptions, parse
 from lyre.service import TTSService
+from lyre.voices.registry import ID_PATTERN
 
 SERVICE = riva_tts_pb2.DESCRIPTOR.services_by_name["RivaSpeechSynthesis"]
 SERVICE_NAME = SERVICE.full_name
@@ -82,15 +85,17 @@ def settings(request: Any, service: TTSService) -> Settings:
         raise InvalidRequest("custom_dictionary is not supported: Orpheus reads text as written (no phoneme "
                              "dictionary); spell words the way they are said")
     if request.HasField("zero_shot_data") and request.zero_shot_data.audio_prompt:
-        raise InvalidRequest("zero_shot_data is not supported: this server has no voice cloning yet")
+        raise InvalidRequest("zero_shot_data is not accepted: a voice is cloned only with its speaker's consent on "
+                             "record; enroll it once (POST /v1/voices or lyre.v1 EnrollVoice) and pass its id as "
+                             "voice_name")
     voice = None
     if request.voice_name.strip():
         voice = cfg.riva.resolve_voice(request.voice_name)
-        if cfg.model.resolve_voice(voice) is None:
+        if cfg.model.resolve_voice(voice) is None and not ID_PATTERN.fullmatch(voice):
             raise UnknownVoice(
                 f"unknown voice_name {shorten(request.voice_name)}; Riva names: "
                 f"{', '.join(f'{cfg.riva.voice_name}.{s}' for s, v in cfg.riva.subvoices.items() if v in cfg.model.voices)}"
-                f"; Lyre voices: {', '.join(cfg.model.voices)}")
+                f"; Lyre voices: {', '.join(cfg.model.voices)}; or a cloned voice's id")
     return Settings(fmt, rate, voice, _sampling(dict(request.custom_configuration)))
 
 
@@ -119,21 +124,23 @@ def _response(request: Any, audio: bytes, text: str) -> Any:
 
 class RivaSpeechSynthesis(Servicer):
     async def Synthesize(self, request, context):
-        async with self._serving(context, request):
+        async with self._serving(context, request) as account:
             s = settings(request, self.service)
-            stream = self.service.speak(request.text, s.voice, **s.sampling)
+            voice = await self.service.voices.resolve(s.voice, account)
+            stream = self.service.speak(request.text, voice, account=account, protocol="riva", **s.sampling)
             log.debug("Riva Synthesize: %s, %s at %d Hz", describe_text(request.text), s.format, s.sample_rate)
             return _response(request, await whole_audio(stream, AudioEncoder(s.format, s.sample_rate, stream=False)), request.text)
 
     async def SynthesizeOnline(self, request_iterator, context) -> AsyncIterator[Any]:
-        async with self._serving(context):
+        async with self._serving(context) as account:
             first = await anext(request_iterator, None)
             if first is None:
                 raise InvalidRequest("no request: send a SynthesizeSpeechRequest")
             if isinstance(first, Undecodable):
                 raise InvalidRequest(f"the request is not a valid {first.type_name} message: {first.error}")
             s = settings(first, self.service)
-            utterance = self.service.utterance(s.voice, **s.sampling)
+            voice = await self.service.voices.resolve(s.voice, account)
+            utterance = self.service.utterance(voice, account=account, protocol="riva", **s.sampling)
             encoder = AudioEncoder(s.format, s.sample_rate)
             reader = asyncio.get_running_loop().create_task(_read_texts(first, request_iterator, utterance))
             async for data, last in utterance_audio(utterance, encoder, reader):

@@ -46,7 +46,7 @@ from lyre.api.common import (
     finish,
     json_object,
 )
-from lyre.api.http import INFLIGHT, SERVICE, draining
+from lyre.api.http import ACCOUNT, INFLIGHT, SERVICE, draining
 from lyre.audio import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.options import SamplingOptions, WsMessage, parse
@@ -64,7 +64,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     cfg = service.config.server
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False)
     await ws.prepare(request)
-    socket = Socket(ws, service, request.app[INFLIGHT])
+    socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT])
     with request.app[INFLIGHT]:
         unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
         try:
@@ -81,8 +81,8 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
 class Socket:
     """One WebSocket: its contexts and the lock that keeps their frames whole."""
 
-    def __init__(self, ws: web.WebSocketResponse, service: TTSService, inflight: InFlight):
-        self.ws, self.service, self.inflight = ws, service, inflight
+    def __init__(self, ws: web.WebSocketResponse, service: TTSService, inflight: InFlight, account: str):
+        self.ws, self.service, self.inflight, self.account = ws, service, inflight, account
         self.contexts: dict[str | None, Context] = {}
         self.send_lock = asyncio.Lock()
         self.stopping = False  # close_all is ending every context (and closes the socket itself)
@@ -138,7 +138,7 @@ class Socket:
             if text is None and m.append is None:
                 raise InvalidRequest(f"unknown context {cid!r}: start it with 'text' or 'append'" if cid is not None
                                      else "nothing to flush or end: start with 'text' or 'append'")
-            self.open(m, text)
+            await self.open(m, text)
             return
         if ctx.utterance.ended:
             raise InvalidRequest("this context has ended and is still sending its audio: wait for its done "
@@ -146,7 +146,7 @@ class Socket:
         ctx.check_settings(m)
         feed(ctx.utterance, m, text)
 
-    def open(self, m: WsMessage, text: str | None) -> None:
+    async def open(self, m: WsMessage, text: str | None) -> None:
         """A new context with its first message's settings and text; a refused first message opens nothing."""
         if self.inflight.draining:
             raise ServiceUnavailable("the server is shutting down: no new contexts")
@@ -156,7 +156,8 @@ class Socket:
                                  f"server.max_contexts_per_socket is {limit}")
         fmt = m.response_format or m.format or "pcm"
         rate = check_format(fmt, m.sample_rate)
-        utterance = self.service.utterance(m.voice, **m.sampling())
+        voice = await self.service.voices.resolve(m.voice, self.account)  # a built-in name, or a cloned voice
+        utterance = self.service.utterance(voice, account=self.account, protocol="ws", **m.sampling())
         try:
             feed(utterance, m, text)
             encoder = AudioEncoder(fmt, m.sample_rate)
@@ -164,7 +165,7 @@ class Socket:
             utterance.cancel()
             raise
         cfg = self.service.config
-        settings = {"voice": cfg.model.resolve_voice(m.voice or cfg.model.default_voice), "response_format": fmt,
+        settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
                     "sample_rate": rate, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append

@@ -19,7 +19,8 @@ import torch
 from lyre import checkpoint, orpheus
 from lyre.codec import configure_noise
 from lyre.engine.backend import BackendChoice
-from lyre.service import AudioChunk, SynthesisFailed, TTSService, to_int16
+from lyre.results import AudioChunk, to_int16
+from lyre.service import SynthesisFailed, TTSService
 
 
 def _audio_constraint(prompt_len: int):
@@ -111,10 +112,13 @@ class TransformersBaseline(TTSService):
     def ready(self) -> bool:
         return getattr(self, "_running", False)
 
-    def stream(self, text: str, voice: str | None = None, **sampling: Any) -> _BaselineStream:
-        prompts, params = self._prepare(text, voice, sampling)
+    def stream(self, text: str, voice: str | None = None, *, account: str = "default", protocol: str = "library",
+               audit: Any = None, mark: Any = None, **sampling: Any) -> _BaselineStream:
+        """(Built-in voices only; nothing is audited or watermarked: the peer has no registry, audit trail
+        or watermark, as the servers it stands for.)"""
+        segments, params = self._prepare(text, self._voice(voice, account), sampling)
         self.total_sessions += 1
-        return _BaselineStream(self, prompts, params.__dict__)
+        return _BaselineStream(self, [s.prompt_ids for s in segments], params.__dict__)
 
     def generate(self, prompts: list[list[int]], p: dict[str, Any]) -> tuple[np.ndarray, int]:
         """Whole-utterance generation and decode (runs in a worker thread, one at a time)."""

@@ -154,7 +154,10 @@ class Target:
                 else:
                     player.first = player.first or time.perf_counter()
                     encoded.append(chunk)
-        if self.format != "pcm":
+        if self.format in ("mulaw", "alaw"):  # raw G.711: a byte a sample, no header to decode
+            player.audio_s = sum(map(len, encoded)) / int(r.headers["X-Sample-Rate"])
+            player.underruns = None
+        elif self.format != "pcm":
             player.audio_s = await asyncio.to_thread(decoded_seconds, b"".join(encoded))
             player.underruns = None
 
@@ -257,6 +260,15 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
+def prompt_figures(before: dict | None, after: dict | None, requests: int) -> dict[str, float | None]:
+    """Prompt tokens per request, and how many of them the model ran (the rest came from kept prefixes)."""
+    b, a = (before or {}).get("engine", {}), (after or {}).get("engine", {})
+    if "prompt_tokens" not in a or "prompt_tokens" not in b or not requests:
+        return {"prompt_tokens_per_request": None, "prefilled_tokens_per_request": None}
+    return {"prompt_tokens_per_request": (a["prompt_tokens"] - b["prompt_tokens"]) / requests,
+            "prefilled_tokens_per_request": (a["prefilled_tokens"] - b["prefilled_tokens"]) / requests}
+
+
 def codec_figures(before: dict | None, after: dict | None) -> dict[str, float | None]:
     """Frames decoded per frame emitted and decode ms per emitted frame between two /v1/stats snapshots."""
     b, a = (before or {}).get("codec"), (after or {}).get("codec")
@@ -286,6 +298,7 @@ def summarize(results: list[RequestResult], wall_s: float, before: dict | None, 
         "audio_s_per_wall_s": sum(r.audio_s for r in ok) / wall_s if wall_s else 0.0,
         "server_tokens_per_s": tokens / wall_s if tokens is not None and wall_s else None,
         **codec_figures(before, after),
+        **prompt_figures(before, after, len(results)),
         "wall_s": wall_s,
         "per_request": [asdict(r) for r in results],
     }

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lyre.benchmarks import voices as bench_voices
 from lyre.benchmarks.load import Target, find_max, load_texts, parse_slo, run_level
 from lyre.benchmarks.servers import ManagedServer
 
@@ -42,19 +43,22 @@ def server_for(args, overrides: tuple[str, ...] = (), baseline: str | None = Non
         yield srv.http, srv.grpc
 
 
-def _target(args, http: str, grpc: str) -> Target:
+def _target(args, http: str, grpc: str, voice: str | None = None) -> Target:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    return Target(args.protocol, http, grpc, args.voice, extra, args.api_key, args.format)
+    return Target(args.protocol, http, grpc, voice, extra, args.api_key, args.format)
 
 
 def _engines(args) -> list[tuple[str, tuple[str, ...], str | None]]:
-    """(name, server overrides, baseline) for each server to measure: one per policy x codec mode."""
+    """(name, server overrides, baseline) for each server to measure: one per policy x codec mode x
+    prefix cache setting."""
     policies = [p for p in (args.policies or "").split(",") if p] if not args.url else []
     modes = [m for m in (args.codec_modes or "").split(",") if m] if not args.url else []
+    caches = [c for c in (args.prefix_cache or "").split(",") if c] if not args.url else []
     engines = []
-    for policy, mode in itertools.product(policies or [None], modes or [None]):
-        name = "-".join(["lyre"] + [x for x in (policy, mode) if x])
-        overrides = tuple(o for o, x in ((f"scheduler.policy={policy}", policy), (f"codec.mode={mode}", mode)) if x)
+    for policy, mode, cache in itertools.product(policies or [None], modes or [None], caches or [None]):
+        name = "-".join(["lyre"] + [x for x in (policy, mode, cache and f"cache-{cache}") if x])
+        overrides = tuple(o for o, x in ((f"scheduler.policy={policy}", policy), (f"codec.mode={mode}", mode),
+                                         ("voices.prefix_cache_mb=0", cache == "off")) if x)
         engines.append((name, overrides, None))
     if args.baseline:
         engines.append((args.baseline, (), args.baseline))
@@ -70,19 +74,22 @@ def sweep(args, texts: list[str], say) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, overrides, baseline in _engines(args):
         with server_for(args, overrides, baseline) as (http, grpc):
-            target = _target(args, http, grpc)
-            measure = lambda c, name=name, target=target: run_level(  # noqa: E731
-                target, "closed", c, _levels_requests(args, c), texts, f"{name}: {c} users")
-            entry: dict[str, Any] = {"levels": []}
-            for c in levels:
-                say(f"{name}: {c} concurrent users")
-                entry["levels"].append(measure(c))
-            if args.find_max:
-                slo = parse_slo(args.slo)
-                best, tried = find_max(measure, slo, max(levels))
-                entry["find_max"] = {"slo": slo, "max_concurrency": best, "tried": tried}
-                say(f"{name}: largest concurrency meeting the SLO: {best}")
-            out[name] = entry
+            chosen = [(None, args.voice)] if baseline else bench_voices.voices(args, http)
+            for label, voice in chosen:
+                key = name if len(chosen) == 1 else f"{name}/{label}"
+                target = _target(args, http, grpc, voice)
+                measure = lambda c, key=key, target=target: run_level(  # noqa: E731
+                    target, "closed", c, _levels_requests(args, c), texts, f"{key}: {c} users")
+                entry: dict[str, Any] = {"levels": [], "voice": voice}
+                for c in levels:
+                    say(f"{key}: {c} concurrent users")
+                    entry["levels"].append(measure(c))
+                if args.find_max:
+                    slo = parse_slo(args.slo)
+                    best, tried = find_max(measure, slo, max(levels))
+                    entry["find_max"] = {"slo": slo, "max_concurrency": best, "tried": tried}
+                    say(f"{key}: largest concurrency meeting the SLO: {best}")
+                out[key] = entry
     return out
 
 
@@ -120,7 +127,7 @@ def run_all(args, say) -> dict[str, Any]:
     texts = load_texts(args.texts or "conversational")
     result: dict[str, Any] = {"mode": "all"}
     with server_for(args) as (http, grpc):
-        target = _target(args, http, grpc)
+        target = _target(args, http, grpc, bench_voices.voices(args, http)[0][1])
         say("single user")
         result["single"] = run_level(target, "closed", 1, min(args.requests or 5, 5), texts, "1 user")
         say(f"{args.concurrent} concurrent users, {args.requests or 2 * args.concurrent} requests")
@@ -151,7 +158,8 @@ def run_tuning(args, cfg, say) -> dict[str, Any]:
                          f"scheduler.max_concurrent_sessions={max(users, batch, cfg.scheduler.max_concurrent_sessions)}")
             say(f"{profile}: policy={policy} max_batch_size={batch} flush={first}/{every} at {users} users")
             with ManagedServer(args.config, tuple(args.overrides) + overrides) as srv:
-                summary = run_level(_target(args, srv.http, srv.grpc), "closed", users,
+                voice = bench_voices.voices(args, srv.http)[0][1]
+                summary = run_level(_target(args, srv.http, srv.grpc, voice), "closed", users,
                                     args.requests or 2 * users, texts, f"{profile} {policy}/{batch}/{first}:{every}")
             summary["settings"] = {"policy": policy, "max_batch_size": batch, "flush_first_n_tokens": first,
                                    "flush_every_n_tokens": every}
@@ -184,7 +192,7 @@ def _fmt(v: Any, spec: str = ".0f") -> str:
 
 def level_table(engines: dict[str, Any]) -> str:
     head = (f"{'engine':<22}{'users':>6}{'success':>9}{'TTFB p50':>10}{'p95':>8}{'p99':>8}{'real-time':>11}"
-            f"{'underruns':>10}{'audio s/s':>10}{'tok/s':>8}{'dec/emit':>9}{'codec ms/frame':>15}")
+            f"{'underruns':>10}{'audio s/s':>10}{'tok/s':>8}{'dec/emit':>9}{'codec ms/frame':>15}{'prompt/prefilled':>18}")
     lines = [head]
     for name, entry in engines.items():
         for lv in entry["levels"]:
@@ -192,7 +200,8 @@ def level_table(engines: dict[str, Any]) -> str:
                          f"{_fmt(lv['ttfb_ms_p95']):>8}{_fmt(lv['ttfb_ms_p99']):>8}"
                          f"{_fmt(lv['real_time_streams'], 'd'):>6}/{len(lv['per_request']):<4}{_fmt(lv['underruns'], 'd'):>10}"
                          f"{lv['audio_s_per_wall_s']:>10.2f}{_fmt(lv['server_tokens_per_s']):>8}"
-                         f"{_fmt(lv.get('decoded_per_emitted'), '.2f'):>9}{_fmt(lv.get('codec_ms_per_frame'), '.1f'):>15}")
+                         f"{_fmt(lv.get('decoded_per_emitted'), '.2f'):>9}{_fmt(lv.get('codec_ms_per_frame'), '.1f'):>15}"
+                         f"{_fmt(lv.get('prompt_tokens_per_request')) + '/' + _fmt(lv.get('prefilled_tokens_per_request')):>18}")
         if "find_max" in entry:
             fm = entry["find_max"]
             lines.append(f"{name}: largest concurrency meeting {fm['slo']}: {fm['max_concurrency']}")

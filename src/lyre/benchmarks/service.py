@@ -25,7 +25,7 @@ async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
     first = None
     audio_before = 0.0
     late = 0
-    async for chunk in tts.stream(TEXTS[i % len(TEXTS)], voice=tts.voices[i % len(tts.voices)], seed=i):
+    async for chunk in tts.stream(TEXTS[i % len(TEXTS)], voice=tts.builtin_voices[i % len(tts.builtin_voices)], seed=i):
         now = time.monotonic()
         if first is None:
             first = now

@@ -71,6 +71,10 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     priority: int = 0  # higher is served first (new sessions before their first audio)
     record_logits: bool = False  # debugging/tests: attach each step's logits to the delta
+    # The first ``prefix_len`` prompt ids are shared by many requests (a cloned voice's reference
+    # turn) under this name: an engine may keep their K/V and reuse it (results are the same).
+    prefix_key: str | None = None
+    prefix_len: int = 0
 
 
 @dataclass
@@ -96,6 +100,8 @@ class EngineStats:
     total_tokens: int  # generated tokens
     total_steps: int  # forward passes
     kv_cache_bytes: int
+    prompt_tokens: int = 0  # prompt tokens of every request admitted
+    prefilled_tokens: int = 0  # of those, the ones run through the model (the rest came from the prefix cache)
     backend: str = "torch"
     extra: dict[str, float] = field(default_factory=dict)  # backend statistics (TensorRT-LLM: iteration stats)
 
@@ -133,6 +139,10 @@ class TokenEngine(Protocol):
         prefilling goes on prefilling (priority, then admission order, within the prefill budget),
         and one whose prefill completes samples its first token. Unknown ids are ignored.
         ``None``: every ready request, earliest admitted first (up to ``max_batch_size``)."""
+        ...
+
+    def forget_prefix(self, name: str) -> None:
+        """Drop every kept prefix whose ``prefix_key`` starts with ``name`` (a deleted voice)."""
         ...
 
     def has_work(self) -> bool: ...

@@ -175,7 +175,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache:
     """K and V for ``slots`` sequences of up to ``max_seq_len`` tokens, allocated once.
 
-    Layout (layers, slots, kv_heads, max_seq_len, head_dim). Written only through :meth:`write`.
+    Layout (layers, slots, kv_heads, max_seq_len, head_dim). Written only through :meth:`write`
+    (a forward's new tokens) and :meth:`load` (a kept prefix, copied in on admission).
     """
 
     def __init__(self, cfg: LlamaConfig, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device):
@@ -192,6 +193,16 @@ class KVCache:
         """Store k, v (T, kv_heads, hd) of tokens at (slots[i], positions[i])."""
         self.k[layer][slots, :, positions] = k.to(self.k.dtype)
         self.v[layer][slots, :, positions] = v.to(self.v.dtype)
+
+    def load(self, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store a kept prefix's k, v (layers, kv_heads, n, hd) at positions 0..n-1 of ``slot``."""
+        n = k.shape[2]
+        self.k[:, slot, :, :n] = k
+        self.v[:, slot, :, :n] = v
+
+    def prefix(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the first ``length`` positions of ``slot`` in every layer: (layers, kv_heads, length, hd)."""
+        return self.k[:, slot, :, :length], self.v[:, slot, :, :length]
 
     def read(self, layer: int, slots: tuple[int, int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first ``length`` positions of slots ``slots[0]`` to ``slots[1] - 1``: (B, kv_heads,

@@ -21,6 +21,11 @@ frame slot (plus end-of-speech at frame boundaries) can be sampled, and only tho
 
 ``add`` puts a request into the lowest free slot at once, or returns False when none is free: the
 engine keeps no queue and never asks its caller anything.
+
+A request with a ``prefix_key`` (a cloned voice's reference turn) gets that prefix's K/V copied
+into its slot from the :class:`~lyre.engine.prefix_cache.PrefixCache` when it is there, and
+prefills only the rest of its prompt; when it is not, the first request computes it and a copy is
+kept once its prefill has passed the prefix.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from lyre import checkpoint, orpheus
 from lyre.config import LyreConfig
 from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, check_prompt
 from lyre.engine.llama import ForwardBatch, KVCache, Llama, load_llama
+from lyre.engine.prefix_cache import PrefixCache
 from lyre.engine.sampling import Draw, SamplingBatch, apply_repetition_penalty, draw
 from lyre.engine.transfer import to_host, upload
 
@@ -57,6 +63,7 @@ class TorchEngineConfig:
     device: str = "cpu"
     dtype: torch.dtype = torch.float32  # weights and activations
     kv_dtype: torch.dtype = torch.float32
+    prefix_cache_bytes: int = 0  # kept prefixes' K/V (voices.prefix_cache_mb); 0 = none kept
 
     @classmethod
     def from_config(cls, cfg: LyreConfig) -> TorchEngineConfig:
@@ -78,6 +85,7 @@ class TorchEngineConfig:
             device=device,
             dtype=pick(cfg.model.dtype),
             kv_dtype=pick(cfg.kv_cache.dtype),
+            prefix_cache_bytes=cfg.voices.prefix_cache_mb * 2**20,
         )
 
 
@@ -98,6 +106,7 @@ class Sequence:
     audio_k: int | None = None  # index of the next audio token; None before start-of-speech
     next_input: int = -1  # token to feed at the next decode step
     cancelled: bool = False
+    prefix_kept: bool = False  # its prefix is in the prefix cache (found there, or put there)
     generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
 
     @property
@@ -139,6 +148,8 @@ class TorchEngine:
         self._by_id: dict[str, Sequence] = {}  # request id -> sequence, every one holding a slot
         self._order = itertools.count()
         self.total_requests = self.total_tokens = self.total_steps = 0
+        self.prompt_tokens = self.prefilled_tokens = 0
+        self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
 
     @classmethod
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
@@ -169,10 +180,38 @@ class TorchEngine:
                        slot=heapq.heappop(self._free_slots))
         if ids[-1] == orpheus.START_OF_SPEECH:
             seq.audio_k = 0
+        self._reuse_prefix(seq)
+        self.prompt_tokens += len(ids)
         self._by_id[request.request_id] = seq
         self._active[seq.slot] = seq
         self.total_requests += 1
         return True
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """A kept prefix's K/V into ``seq``'s slot: its prefill starts after the prefix."""
+        r = seq.request
+        if self.prefixes is None or not r.prefix_key or not 0 < r.prefix_len < len(r.prompt_ids):
+            return
+        entry = self.prefixes.get(r.prefix_key, r.prompt_ids[: r.prefix_len])
+        if entry is not None:
+            self.cache.load(seq.slot, entry.k, entry.v)
+            seq.num_cached = r.prefix_len
+            seq.prefix_kept = True
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Once ``seq``'s prefill has passed its prefix, keep a copy of the prefix's K/V."""
+        r = seq.request
+        if (self.prefixes is None or seq.prefix_kept or not r.prefix_key or not 0 < r.prefix_len < len(r.prompt_ids)
+                or seq.num_cached < r.prefix_len):
+            return
+        seq.prefix_kept = True
+        ids = r.prompt_ids[: r.prefix_len]
+        if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
+            self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
+
+    def forget_prefix(self, name: str) -> None:
+        if self.prefixes is not None:
+            self.prefixes.drop_prefix(name)
 
     def cancel(self, request_id: str) -> None:
         """End a request; its slot is free at the next step. Unknown ids are ignored."""
@@ -193,6 +232,9 @@ class TorchEngine:
             total_tokens=self.total_tokens,
             total_steps=self.total_steps,
             kv_cache_bytes=self.cache.nbytes,
+            prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled_tokens,
+            extra=self.prefixes.stats() if self.prefixes is not None else {},
         )
 
     @torch.inference_mode()
@@ -229,6 +271,9 @@ class TorchEngine:
                 s.generator.set_state(rng)
             raise
         self.total_steps += 1
+        for s, n in prefill:
+            self.prefilled_tokens += n
+            self._keep_prefix(s)
         return self._postprocess(samplers, tokens, logits, logit_ids)
 
     def _isolate(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:

@@ -65,7 +65,7 @@ class TrtllmEngineConfig:
     engine_dir: str
     max_batch_size: int = 32  # requests the engine runs at once (the build's max_batch_size)
     max_seq_len: int = 4096  # prompt + generated tokens per request (the build's max_seq_len)
-    max_input_len: int = 1024
+    max_input_len: int = 3072
     max_num_tokens: int = 8192  # tokens per iteration across the batch
     vocab_size: int = orpheus.VOCAB_SIZE
     kv_bytes_per_token: int = 0  # 2 x layers x kv heads x head dim x 2 bytes; 0 = unknown

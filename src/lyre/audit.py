@@ -1,0 +1,265 @@
+"""The audit trail: one row per synthesis, on every protocol, in the voices database.
+
+Each row: time, account, voice (a built-in name or a cloned voice's id), sha256 of the text, sha256
+of the 24 kHz PCM produced (hashed as it streams, watermark included), audio seconds, protocol,
+outcome (finished | cancelled | failed) and its reason. Rows older than ``audit.retention_days``
+are deleted (at start, then hourly).
+
+Nothing here blocks the event loop or the engine thread: :meth:`AuditTrail.record` queues the row
+and one writer thread inserts rows in batches. A write that fails (a full disk, a database gone)
+keeps its rows queued and is retried; meanwhile :meth:`AuditTrail.check` refuses new syntheses
+(503), so none goes unrecorded and no row is lost while the process lives.
+
+    python -m lyre.audit export --since 2026-11-01 [--until DATE] [--voice ID] [--account A]
+                                [--format csv|jsonl] [--output FILE] [--config FILE] [--set k=v]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import numpy as np
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from lyre import orpheus
+from lyre.config import AuditConfig
+from lyre.errors import DatabaseError
+from lyre.voices.db import audit
+
+log = logging.getLogger("lyre.audit")
+
+PRUNE_EVERY_S = 3600.0
+RETRY_S = 1.0
+BATCH = 500
+COLUMNS = ("time", "account", "voice", "protocol", "outcome", "reason", "audio_seconds", "text_sha256", "pcm_sha256")
+
+
+@dataclass
+class AuditEntry:
+    """One synthesis being recorded: its text and PCM are hashed as they go by."""
+
+    trail: AuditTrail | None
+    account: str
+    voice: str
+    protocol: str
+    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    _text: Any = field(default_factory=hashlib.sha256)
+    _pcm: Any = field(default_factory=hashlib.sha256)
+    samples: int = 0
+    done: bool = False
+
+    def add_text(self, text: str) -> None:
+        self._text.update(text.encode("utf-8", "surrogatepass"))
+
+    def add_pcm(self, pcm: np.ndarray) -> None:
+        """int16 24 kHz samples as delivered."""
+        self._pcm.update(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
+        self.samples += int(pcm.size)
+
+    def finish(self, outcome: str, reason: str | None = None) -> None:
+        """Record the row (once; later calls do nothing)."""
+        if self.done:
+            return
+        self.done = True
+        if self.trail is not None:
+            self.trail.record({"time": self.started, "account": self.account, "voice": self.voice,
+                               "protocol": self.protocol, "outcome": outcome, "reason": (reason or "")[:64],
+                               "audio_seconds": self.samples / orpheus.SAMPLE_RATE,
+                               "text_sha256": self._text.hexdigest(), "pcm_sha256": self._pcm.hexdigest()})
+
+
+class AuditTrail:
+    def __init__(self, engine: Engine, config: AuditConfig, clock=time.monotonic):
+        self.engine, self.config, self.clock = engine, config, clock
+        self._rows: deque[dict[str, Any]] = deque()
+        self._cond = threading.Condition()
+        self._busy = False  # the writer holds rows it is inserting
+        self._stop = False
+        self.error: str | None = None  # why the last write failed; None once writes succeed again
+        self.written = 0
+        self._thread: threading.Thread | None = None
+        if config.enabled:
+            self._thread = threading.Thread(target=self._run, name="lyre-audit", daemon=True)
+            self._thread.start()
+
+    def entry(self, account: str, voice: str, protocol: str) -> AuditEntry:
+        return AuditEntry(self if self.config.enabled else None, account, voice, protocol)
+
+    def check(self) -> None:
+        """Raise DatabaseError (503) while rows cannot be written: no synthesis goes unrecorded."""
+        if self.config.enabled and self.error is not None:
+            raise DatabaseError(f"the audit trail cannot be written ({self.error}); new syntheses are refused until "
+                                "it can, so that none goes unrecorded")
+
+    def record(self, row: dict[str, Any]) -> None:
+        """Queue ``row`` for the writer (never blocks)."""
+        with self._cond:
+            self._rows.append(row)
+            self._cond.notify_all()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued row is written (True) or ``timeout`` passes, e.g. while writes fail."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._rows or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._thread is None:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued (up to ``timeout``), then stop the writer."""
+        if self._thread is None:
+            return
+        if not self.flush(timeout):
+            log.error("audit: %d rows could not be written before shutdown (%s)", len(self._rows), self.error)
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    # --- the writer thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_prune = 0.0
+        while True:
+            with self._cond:
+                while not self._rows and not self._stop and self.clock() < next_prune:
+                    self._cond.wait(max(0.0, next_prune - self.clock()))
+                if self._stop and (not self._rows or self.error is not None):
+                    return
+                batch = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
+                self._busy = bool(batch)
+            failed = False
+            try:
+                if batch:
+                    self._insert(batch)
+                if self.clock() >= next_prune:
+                    self.prune()
+                    next_prune = self.clock() + PRUNE_EVERY_S
+                if self.error is not None:
+                    log.warning("audit: writing again after: %s", self.error)
+                self.error = None
+                self.written += len(batch)
+            except Exception as e:  # noqa: BLE001 - kept and retried; check() refuses new work meanwhile
+                failed = True
+                reason = str(getattr(e, "orig", None) or e).splitlines()[0][:200]
+                if self.error is None:
+                    log.error("audit: cannot write to the database (%s); %d rows kept for retry; new syntheses are "
+                              "refused until it works again", reason, len(batch) + len(self._rows))
+                self.error = reason
+            with self._cond:
+                if failed:
+                    self._rows.extendleft(reversed(batch))
+                self._busy = False
+                self._cond.notify_all()
+                if failed and not self._stop:
+                    self._cond.wait(RETRY_S)
+
+    def _insert(self, rows: list[dict[str, Any]]) -> None:
+        with self.engine.begin() as c:
+            c.execute(audit.insert(), rows)
+
+    def prune(self) -> int:
+        """Delete rows older than ``audit.retention_days``; returns how many."""
+        cutoff = datetime.now(timezone.utc) - timedelta(days=self.config.retention_days)
+        with self.engine.begin() as c:
+            gone = c.execute(audit.delete().where(audit.c.time < cutoff)).rowcount
+        if gone:
+            log.info("audit: %d rows older than %g days deleted", gone, self.config.retention_days)
+        return gone
+
+
+# --------------------------------------------------------------------------------------------
+# reading it back
+
+
+def rows(engine: Engine, since: datetime, until: datetime | None = None, voice: str | None = None,
+         account: str | None = None) -> Iterator[dict[str, Any]]:
+    """Audit rows from ``since`` (and before ``until``), oldest first, optionally of one voice or account."""
+    query = sa.select(*[audit.c[name] for name in COLUMNS]).where(audit.c.time >= since).order_by(audit.c.time,
+                                                                                                   audit.c.id)
+    if until is not None:
+        query = query.where(audit.c.time < until)
+    if voice is not None:
+        query = query.where(audit.c.voice == voice)
+    if account is not None:
+        query = query.where(audit.c.account == account)
+    with engine.connect() as c:
+        for row in c.execute(query).mappings():
+            out = dict(row)
+            stamp = out["time"]
+            out["time"] = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).isoformat()
+            yield out
+
+
+def _date(text: str) -> datetime:
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD or an ISO 8601 time)") from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lyre.config import ConfigError, add_config_arguments, config_from_args
+    from lyre.voices.db import default_url, open_database
+
+    parser = argparse.ArgumentParser(prog="python -m lyre.audit", description="Read Lyre's audit trail.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    export = sub.add_parser("export", help="write audit rows as CSV or JSON lines, for an investigation")
+    export.add_argument("--since", type=_date, required=True, help="first day or time (UTC unless given), inclusive")
+    export.add_argument("--until", type=_date, help="end day or time, exclusive (default: now)")
+    export.add_argument("--voice", help="only this voice (a built-in name or a cloned voice's id)")
+    export.add_argument("--account", help="only this account")
+    export.add_argument("--format", choices=("csv", "jsonl"), default="csv")
+    export.add_argument("--output", help="file to write (default: standard output)")
+    add_config_arguments(export)
+    prune = sub.add_parser("prune", help="delete rows older than audit.retention_days now")
+    add_config_arguments(prune)
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        engine = open_database(cfg.voices.database_url or default_url(cfg.data_dir))
+    except (ConfigError, DatabaseError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if args.command == "prune":
+        trail = AuditTrail(engine, AuditConfig(enabled=False, retention_days=cfg.audit.retention_days))
+        print(f"{trail.prune()} rows deleted", file=sys.stderr)
+        return 0
+    out = open(args.output, "w", newline="") if args.output else sys.stdout  # noqa: SIM115 - closed below
+    try:
+        n = 0
+        writer = csv.DictWriter(out, fieldnames=COLUMNS) if args.format == "csv" else None
+        if writer is not None:
+            writer.writeheader()
+        for row in rows(engine, args.since, args.until, args.voice, args.account):
+            if writer is not None:
+                writer.writerow(row)
+            else:
+                out.write(json.dumps(row) + "\n")
+            n += 1
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"{n} rows", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

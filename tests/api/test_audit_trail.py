@@ -1,0 +1,63 @@
+"""Every synthesis on every protocol leaves its audit row on the real server (read back with
+``python -m lyre.audit export``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import grpc
+import websockets
+from openai import OpenAI
+from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
+
+from lyre.v1 import tts_pb2, tts_pb2_grpc
+
+from ..conftest import REPO_ROOT
+
+
+def exported(server) -> list[dict]:
+    run = subprocess.run([sys.executable, "-m", "lyre.audit", "export", "--set", f"data_dir={server.data_dir}",
+                          "--since", datetime.now(timezone.utc).date().isoformat(), "--format", "jsonl"],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return [json.loads(line) for line in run.stdout.splitlines()]
+
+
+def test_one_row_per_synthesis_on_every_protocol(server):
+    texts = {p: f"Audited over {p}, {time.time_ns()}." for p in ("rest", "ws", "grpc", "riva", "grpc-stream")}
+    pcm = OpenAI(base_url=server.http + "/v1", api_key="unused").audio.speech.create(
+        model="tts-1", voice="nova", input=texts["rest"], response_format="pcm").content
+
+    async def ws():
+        url = server.http.replace("http://", "ws://") + "/v1/audio/stream"
+        async with websockets.connect(url) as sock:
+            await sock.send(json.dumps({"text": texts["ws"], "voice": "zac"}))
+            async for message in sock:
+                if isinstance(message, str) and json.loads(message).get("done"):
+                    return
+
+    asyncio.run(ws())
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        stub.Synthesize(tts_pb2.SynthesizeRequest(text=texts["grpc"], voice="dan"))
+        list(stub.StreamingSynthesize(iter([tts_pb2.StreamingSynthesizeRequest(config=tts_pb2.StreamingConfig()),
+                                            tts_pb2.StreamingSynthesizeRequest(text=texts["grpc-stream"])])))
+        riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel).Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(
+            text=texts["riva"], voice_name="English-US.Male-1", encoding=1, sample_rate_hz=16000))
+    hashes = {hashlib.sha256(t.encode()).hexdigest(): p for p, t in texts.items()}
+    deadline = time.monotonic() + 60
+    while len(mine := [r for r in exported(server) if r["text_sha256"] in hashes]) < len(texts):  # written off-loop
+        assert time.monotonic() < deadline, mine
+    by = {hashes[r["text_sha256"]]: r for r in mine}
+    assert len(mine) == len(texts)
+    assert {p: (r["protocol"], r["voice"], r["outcome"]) for p, r in by.items()} == {
+        "rest": ("rest", "mia", "finished"), "ws": ("ws", "zac", "finished"), "grpc": ("grpc", "dan", "finished"),
+        "grpc-stream": ("grpc", "tara", "finished"), "riva": ("riva", "leo", "finished")}
+    assert by["rest"]["pcm_sha256"] == hashlib.sha256(pcm).hexdigest()  # 24 kHz pcm: exactly what was sent
+    assert all(r["account"] == "default" and r["audio_seconds"] > 0 for r in mine)
