@@ -12,6 +12,7 @@ every configured key is compared in constant time, so the time taken says nothin
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from lyre.config import ServerConfig
@@ -19,12 +20,17 @@ from lyre.config import ServerConfig
 DEFAULT_ACCOUNT = "default"
 
 
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
+
+
 class Accounts:
     def __init__(self, server: ServerConfig):
         keys = dict(server.api_keys)
         if server.api_key:
             keys.setdefault(server.api_key, DEFAULT_ACCOUNT)
-        self._tokens = [(f"Bearer {key}".encode(), account) for key, account in keys.items()]
+        # compared as sha256 digests: equal lengths, so not even a key's length shows in the timing
+        self._tokens = [(_digest(f"Bearer {key}"), account) for key, account in keys.items()]
 
     @property
     def required(self) -> bool:
@@ -36,7 +42,7 @@ class Accounts:
         none of them. Every key is compared, whatever matched."""
         if not self._tokens:
             return DEFAULT_ACCOUNT
-        given = (authorization or "").encode("utf-8", "surrogateescape")
+        given = _digest(authorization or "")
         found = None
         for token, account in self._tokens:
             if hmac.compare_digest(given, token):

@@ -34,6 +34,7 @@ from __future__ import annotations
 import io
 import math
 import struct
+from collections.abc import Callable
 from fractions import Fraction
 
 import numpy as np
@@ -211,13 +212,17 @@ def _mp3_info_frame(first_frame: bytes, encoder_delay: int) -> bytes:
 
 
 class AudioEncoder:
-    def __init__(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0, *, stream: bool = True):
+    def __init__(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0, *, stream: bool = True,
+                 mark: Callable[[np.ndarray], np.ndarray] | None = None):
+        """``mark``: a watermarker applied after the tempo change (a time-stretch moves a mark applied
+        before it away from its period; see lyre.watermark)."""
         self.format = fmt
         self.sample_rate = check_format(fmt, sample_rate)
         self.speed = check_speed(speed)
         self.content_type = CONTENT_TYPES[fmt]
         self.streaming = stream
         self._stretch = _Stretch(self.speed) if self.speed != 1.0 else None
+        self._mark = mark if self._stretch is not None else None
         self._resampler = None
         if self.sample_rate != SOURCE_RATE:
             import soxr
@@ -265,6 +270,9 @@ class AudioEncoder:
         pcm = np.ascontiguousarray(pcm, dtype=np.int16).reshape(-1)
         if self._stretch is not None:
             pcm = self._stretch.process(pcm, last)
+            if self._mark is not None and pcm.size:
+                marked = self._mark(pcm.astype(np.float32) / 32768)
+                pcm = np.clip(np.round(marked * 32768), -32768, 32767).astype(np.int16)
         if self._resampler is not None:
             pcm = self._resampler.resample_chunk(pcm, last=last)
         body = self._encode(pcm)

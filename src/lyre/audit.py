@@ -105,10 +105,17 @@ class AuditTrail:
                                 "it can, so that none goes unrecorded")
 
     def record(self, row: dict[str, Any]) -> None:
-        """Queue ``row`` for the writer (never blocks)."""
+        """Queue ``row`` for the writer (never blocks while the writer runs; after close(), a late
+        row, from a stream that ended during shutdown, is written at once or logged as lost)."""
         with self._cond:
-            self._rows.append(row)
-            self._cond.notify_all()
+            if not self._stop:
+                self._rows.append(row)
+                self._cond.notify_all()
+                return
+        try:
+            self._insert([row])
+        except Exception as e:  # noqa: BLE001
+            log.error("audit: a row recorded after shutdown could not be written (%s): %s", _reason(e), row)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued row is written (True) or ``timeout`` passes, e.g. while writes fail."""
@@ -148,20 +155,23 @@ class AuditTrail:
             try:
                 if batch:
                     self._insert(batch)
-                if self.clock() >= next_prune:
-                    self.prune()
-                    next_prune = self.clock() + PRUNE_EVERY_S
-                if self.error is not None:
-                    log.warning("audit: writing again after: %s", self.error)
-                self.error = None
-                self.written += len(batch)
+                    if self.error is not None:
+                        log.warning("audit: writing again after: %s", self.error)
+                    self.error = None
+                    self.written += len(batch)
             except Exception as e:  # noqa: BLE001 - kept and retried; check() refuses new work meanwhile
                 failed = True
-                reason = str(getattr(e, "orig", None) or e).splitlines()[0][:200]
+                reason = _reason(e)
                 if self.error is None:
                     log.error("audit: cannot write to the database (%s); %d rows kept for retry; new syntheses are "
                               "refused until it works again", reason, len(batch) + len(self._rows))
                 self.error = reason
+            if not failed and self.clock() >= next_prune:
+                next_prune = self.clock() + PRUNE_EVERY_S
+                try:  # (a failed prune is tried again later; it never re-queues rows nor refuses work)
+                    self.prune()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("audit: pruning old rows failed (%s); trying again in an hour", _reason(e))
             with self._cond:
                 if failed:
                     self._rows.extendleft(reversed(batch))
@@ -182,6 +192,10 @@ class AuditTrail:
         if gone:
             log.info("audit: %d rows older than %g days deleted", gone, self.config.retention_days)
         return gone
+
+
+def _reason(e: Exception) -> str:
+    return str(getattr(e, "orig", None) or e).splitlines()[0][:200]
 
 
 # --------------------------------------------------------------------------------------------
@@ -212,7 +226,7 @@ def _date(text: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a date (YYYY-MM-DD or an ISO 8601 time)") from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -54,7 +54,9 @@ class Metrics:
         self.prefix_entries = Gauge("lyre_prefix_cache_entries", "Kept prompt prefixes", registry=r)
         self.prefix_evictions = Counter("lyre_prefix_cache_evictions", "Kept prefixes evicted to make room",
                                         registry=r)
-        self._engine_seen = (0, 0, 0)
+        self.prefix_lookups = Counter("lyre_prefix_cache_lookups", "Admissions that looked for a kept prefix",
+                                      ["result"], registry=r)
+        self._engine_seen = (0, 0, 0, 0, 0)
         self.total_batches = 0
 
     def observe_step(self, seconds: float, batch: int) -> None:
@@ -69,9 +71,11 @@ class Metrics:
 
     def set_prompts(self, prompt_tokens: int, prefilled_tokens: int, extra: dict[str, float]) -> None:
         """Bring the prompt and prefix-cache figures up to the engine's."""
-        now = (prompt_tokens, prefilled_tokens, int(extra.get("prefix_cache_evictions", 0)))
-        for counter, new, old in zip((self.prompt_tokens, self.prefilled_tokens, self.prefix_evictions), now,
-                                     self._engine_seen, strict=True):
+        now = (prompt_tokens, prefilled_tokens, *(int(extra.get(f"prefix_cache_{k}", 0))
+                                                  for k in ("evictions", "hits", "misses")))
+        counters = (self.prompt_tokens, self.prefilled_tokens, self.prefix_evictions,
+                    self.prefix_lookups.labels(result="hit"), self.prefix_lookups.labels(result="miss"))
+        for counter, new, old in zip(counters, now, self._engine_seen, strict=True):
             if new > old:
                 counter.inc(new - old)
         self._engine_seen = now

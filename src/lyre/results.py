@@ -116,3 +116,10 @@ class SpeechStream:
 
     async def aclose(self) -> None:
         self.cancel()
+
+    def __del__(self) -> None:
+        # left without aclose (a library caller's ``break``): the synthesis stops and its row is recorded
+        try:
+            self.cancel()
+        except Exception:  # noqa: BLE001 - interpreter shutdown, or the service is gone
+            pass

@@ -29,7 +29,7 @@ from lyre.accounts import DEFAULT_ACCOUNT
 from lyre.admission import AdmissionGate, Overloaded
 from lyre.audit import AuditEntry, AuditTrail
 from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
-from lyre.config import LyreConfig, apply_overrides, load_config
+from lyre.config import LyreConfig, WatermarkConfig, apply_overrides, load_config
 from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
 from lyre.engine.base import SamplingParams
 from lyre.engine.torch_engine import TorchEngine, TorchEngineConfig
@@ -72,6 +72,9 @@ __all__ = ["InvalidRequest", "LyreError", "OutOfRange", "OverloadedError", "Serv
 # the service
 
 
+SEGMENT_PROMPT_TOKENS = 160  # room a segment's own prompt needs beside a reference turn (~280 characters)
+
+
 def _cpu_runtime(runtime: str, device: str) -> bool:
     """Does a CPU runtime of its own (onnxruntime, openvino) run the streaming codec? Then the codec
     and the engine can decode and step on separate cores at once (``codec.overlap: auto``)."""
@@ -97,6 +100,8 @@ class TTSService:
         self.audit: AuditTrail | None = None
         w = config.watermark
         self.watermark = Watermark(w.key, w.strength_db, w.threshold)  # marks outputs (when enabled), verifies uploads
+        if w.enabled and w.key == WatermarkConfig.key:
+            log.warning("watermark.key is the published default: set your own so that only you can detect the mark")
 
     @classmethod
     def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, **overrides: Any) -> TTSService:
@@ -144,7 +149,10 @@ class TTSService:
         codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
         snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
         configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
-        self.voices.attach(snac, self.tokenizer, self.model.snac_dir, self.model.source)
+        room = cfg.kv_cache.max_seq_len - cfg.sampling.max_tokens
+        if choice.name == "trtllm":
+            room = min(room, cfg.build.max_input_len)
+        self.voices.attach(snac, self.tokenizer, self.model.snac_dir, self.model.source, room - SEGMENT_PROMPT_TOKENS)
         overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and (on_gpu or (
             cfg.codec.mode == "stream" and cores >= 2 and _cpu_runtime(cfg.codec.runtime, codec_device))))
         # the CPU codec runtime's threads: every core between engine steps, the engine's spare cores beside them
@@ -240,7 +248,7 @@ class TTSService:
         if not self._loop.post(lambda: self.scheduler.submit(session)):
             self.gate.leave()
             raise ServiceUnavailable("the service is shutting down")
-        return SpeechStream(self, session, events, audit, owns_audit, mark if mark is not None else self._marker())
+        return SpeechStream(self, session, events, audit, owns_audit, mark if mark is not None else self.marker())
 
     async def synthesize(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
                          **sampling: Any) -> Audio:
@@ -295,9 +303,9 @@ class TTSService:
         self._sampling(parse(SynthesisRequest, {"text": "", **sampling}))
         return Utterance(self, voice, sampling, self.config.active_profile.max_text_chars,
                          self.config.server.max_pending_text_chars, account=account,
-                         audit=self._audit_entry(voice, account, protocol), mark=self._marker())
+                         audit=self._audit_entry(voice, account, protocol), mark=self.marker())
 
-    def _marker(self) -> Marker | None:
+    def marker(self) -> Marker | None:
         """A new stream's watermarker (None with watermark.enabled false)."""
         return self.watermark.marker() if self.config.watermark.enabled else None
 
@@ -311,7 +319,7 @@ class TTSService:
     def _voice(self, voice: str | Voice | None, account: str) -> str | Voice:
         """A built-in voice's name, or ``account``'s cloned voice (UnknownVoice for anyone else's)."""
         if isinstance(voice, Voice):
-            if voice.owner != account:
+            if voice.owner != account or voice.id in self.voices.deleted:
                 raise UnknownVoice(f"no voice {voice.id} (cloned voices are visible only to the account that enrolled "
                                    "them)")
             return voice

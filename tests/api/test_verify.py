@@ -48,3 +48,23 @@ def test_bad_uploads_get_a_clear_error(server):
     assert status == 422 and body["error"]["code"] == "invalid_audio"
     status, body = verify(server, files={"wrong": ("x.wav", b"RIFF", "audio/wav")})
     assert status == 400 and "'audio'" in body["error"]["message"]
+
+
+def test_a_tempo_change_keeps_the_mark_and_a_large_raw_body_is_read_whole(server):
+    client = OpenAI(base_url=server.http + "/v1", api_key="unused")
+    for speed in (0.8, 1.25):
+        wav = client.audio.speech.create(model="tts-1", voice="tara", input="Faster or slower, still marked.",
+                                         response_format="wav", speed=speed,
+                                         extra_body={"max_tokens": 280, "min_tokens": 280}).content
+        status, body = verify(server, data=wav)
+        assert status == 200 and body["watermarked"] is True, (speed, body)
+    long_wav = audio_file(speechlike(20.0, 24000), 24000, "wav")  # 960 kB: arrives in many reads
+    status, body = verify(server, data=long_wav, headers={"Content-Type": "application/octet-stream"})
+    assert status == 200 and abs(body["seconds"] - 20.0) < 0.01
+
+
+def test_a_playlist_that_names_other_files_is_not_opened(server):
+    """FFmpeg's concat and playlist formats read the files they name: uploads may not be those."""
+    for upload in (b"ffconcat version 1.0\nfile README.md\n", b"#EXTM3U\n#EXTINF:1,\nREADME.md\n"):
+        status, body = verify(server, data=upload)
+        assert status == 422 and body["error"]["code"] == "invalid_audio", body

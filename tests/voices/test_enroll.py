@@ -12,11 +12,17 @@ from lyre import orpheus
 from lyre.errors import ConsentRequired, InvalidAudio, InvalidRequest, UnknownVoice
 
 from ..api.conftest import same_speech
-from ..test_service import run, service
+from ..test_service import run
+from ..test_service import service as small_service
 from .audio_files import audio_file, speechlike
 
 CONSENT = {"granted": True, "speaker": "Ann Example", "source": "self_recorded", "statement": "I agree."}
 TRANSCRIPT = "The quick brown fox jumps over the lazy dog."
+
+
+def service(**overrides):
+    """The test service, with slots long enough for cloned voices' reference turns."""
+    return small_service(**{"kv_cache.max_seq_len": 4096, **overrides})
 
 
 def clip(seconds: float = 4.0, seed: int = 0) -> bytes:
@@ -146,3 +152,30 @@ def test_enrollments_and_voice_lookups_do_not_block_the_event_loop():
             return ticks
 
     assert run(go()) > 50
+
+
+def test_a_reference_too_long_for_the_slots_is_refused_at_enrollment():
+    async def go():
+        async with small_service() as tts:  # kv_cache.max_seq_len 512: room for a ~3 s reference
+            with pytest.raises(InvalidAudio, match="reference; this server has room for 310"):
+                await tts.voices.enroll(clip(8.0), name="Long", transcript=TRANSCRIPT, consent=CONSENT)
+            return await tts.voices.list()
+
+    assert run(go()) == []
+
+
+def test_a_deleted_voice_held_as_an_object_is_refused_and_its_prefix_not_kept_again():
+    async def go():
+        async with service() as tts:
+            v = await tts.voices.enroll(clip(3.5), name="Ann", transcript=TRANSCRIPT, consent=CONSENT)
+            running = tts.stream("Still speaking while deleted.", voice=v)
+            await anext(running)  # admitted and prefilled: it finishes
+            await tts.voices.delete(v.id)
+            rest = [c async for c in running]
+            with pytest.raises(UnknownVoice, match="no voice"):
+                tts.stream("Hello", voice=v)
+            kept = await tts.on_engine_thread(lambda: len(tts.scheduler.engine.prefixes))
+            return rest, kept
+
+    rest, kept = run(go())
+    assert len(rest) > 0 and kept == 0

@@ -179,7 +179,8 @@ async def speech(request: web.Request) -> web.StreamResponse:
 async def _respond_whole(request: web.Request, stream: SpeechStream, fmt: str, body: SpeechBody) -> web.Response:
     """The whole file in one response, its headers filled in (a failure still gets its status)."""
     try:
-        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0, stream=False)
+        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0, stream=False,
+                               mark=request.app[SERVICE].marker())
     except BaseException:
         await stream.aclose()
         raise
@@ -206,7 +207,8 @@ async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: 
     try:
         # Wait for the first chunk before answering, so an early failure still gets its status.
         first = await anext(stream, None)
-        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0)
+        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0,
+                               mark=request.app[SERVICE].marker())  # marked again after a tempo change
         headers = {"Content-Type": "text/event-stream" if sse else encoder.content_type,
                    "X-Sample-Rate": str(encoder.sample_rate), "Cache-Control": "no-cache"}
         resp = web.StreamResponse(headers=headers)

@@ -12,11 +12,11 @@ Another account's voice, a deleted one and a malformed id are all 404, worded th
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 
+from lyre.api.common import json_object
 from lyre.api.http import ACCOUNT, SERVICE, draining
 from lyre.errors import InvalidRequest, UploadTooLarge
 from lyre.voices.registry import Voice
@@ -77,10 +77,7 @@ async def enroll(request: web.Request) -> web.Response:
     form = await read_form(request, service.config.voices.max_upload_bytes)
     consent: Any = form.get("consent")
     if consent is not None:
-        try:
-            consent = json.loads(consent)
-        except ValueError as e:
-            raise InvalidRequest(f"'consent' must be a JSON object: {e}") from None
+        consent = json_object(consent, "'consent'")
     voice = await service.voices.enroll(form.get("audio", b""), name=form.get("name"), transcript=form.get("transcript"),
                                         consent=consent, account=account, address=request.remote)
     return web.json_response(voice.summary(), status=201, headers={"Location": f"/v1/voices/{voice.id}"})

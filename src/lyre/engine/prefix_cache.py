@@ -60,14 +60,15 @@ class PrefixCache:
     def put(self, key: str, ids: Sequence[int], k: torch.Tensor, v: torch.Tensor) -> bool:
         """Keep a copy of ``k``/``v`` (layers, kv_heads, n, hd) for ``key``; evicts the least recently
         used entries to make room. False (nothing kept) when it alone exceeds the budget."""
-        entry = Prefix(tuple(ids), k.clone(), v.clone())
-        if entry.nbytes > self.budget:
+        size = k.numel() * k.element_size() + v.numel() * v.element_size()
+        if size > self.budget:
             return False
         self.drop(key)
-        while self._entries and self.bytes + entry.nbytes > self.budget:
+        while self._entries and self.bytes + size > self.budget:  # room first: no copy beyond the budget
             _, old = self._entries.popitem(last=False)
             self.bytes -= old.nbytes
             self.evictions += 1
+        entry = Prefix(tuple(ids), k.clone(), v.clone())
         self._entries[key] = entry
         self.bytes += entry.nbytes
         return True

@@ -150,6 +150,7 @@ class TorchEngine:
         self.total_requests = self.total_tokens = self.total_steps = 0
         self.prompt_tokens = self.prefilled_tokens = 0
         self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
+        self._forgotten: set[str] = set()  # prefix names never to keep again (deleted voices)
 
     @classmethod
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
@@ -205,6 +206,8 @@ class TorchEngine:
                 or seq.num_cached < r.prefix_len):
             return
         seq.prefix_kept = True
+        if any(r.prefix_key.startswith(name) for name in self._forgotten):
+            return  # admitted before its voice was deleted: it finishes, its prefix is not kept
         ids = r.prompt_ids[: r.prefix_len]
         if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
             self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
@@ -212,6 +215,7 @@ class TorchEngine:
     def forget_prefix(self, name: str) -> None:
         if self.prefixes is not None:
             self.prefixes.drop_prefix(name)
+            self._forgotten.add(name)
 
     def cancel(self, request_id: str) -> None:
         """End a request; its slot is free at the next step. Unknown ids are ignored."""

@@ -25,6 +25,9 @@ PEAK_LIMIT = 10 ** (-1.0 / 20)  # -1 dBFS
 SILENCE_PEAK = 10 ** (-50 / 20)  # a clip whose loudest sample is under -50 dBFS holds no speech
 CLIPPED = 0.99  # |sample| at or above this is at full scale
 MAX_CLIPPED_SHARE = 0.05  # more than this share of samples at full scale: clipping, not speech
+# the containers an upload may be (FFmpeg probes only these: playlists and ffconcat files, which
+# name other files to read, are never opened)
+FORMATS = "wav,w64,flac,mp3,ogg,mov,mp4,m4a,3gp,matroska,webm,aiff,caf,aac,amr,au,avi,asf,mpeg"
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,7 @@ def decode(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     import av
 
     try:
-        with av.open(io.BytesIO(data), mode="r") as container:
+        with av.open(io.BytesIO(data), mode="r", options={"format_whitelist": FORMATS}) as container:
             if not container.streams.audio:
                 raise InvalidAudio("the file holds no audio stream")
             stream = container.streams.audio[0]

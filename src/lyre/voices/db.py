@@ -3,7 +3,7 @@
 SQLAlchemy 2 Core over any URL it supports: ``sqlite:///data/lyre.db`` by default (the file and
 its folder are created), ``postgresql+psycopg://...`` for replicas sharing one registry. The
 schema is created and changed only by Alembic migrations (``lyre/voices/migrations``), run to
-``head`` when the database is opened; ``tests/voices/test_db.py`` checks that the migrations
+``head`` when the database is opened; ``tests/voices/test_registry.py`` checks that the migrations
 build exactly the tables defined here.
 
 Every call here blocks: the service runs them in worker threads, never on the event loop or the

@@ -12,9 +12,11 @@ Blocking: run these methods in a worker thread (:class:`lyre.voices.service.Voic
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import unicodedata
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -22,7 +24,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from lyre.errors import InvalidRequest, TooManyVoices, UnknownVoice, VoiceExists
+from lyre.errors import DatabaseError, InvalidRequest, TooManyVoices, UnknownVoice, VoiceExists
 from lyre.voices.db import voices
 
 ID_PATTERN = re.compile(r"v_[A-Za-z0-9_-]{16}")
@@ -64,7 +66,7 @@ def check_name(name: Any) -> str:
     name = name.strip()
     if len(name) > MAX_NAME_CHARS:
         raise InvalidRequest(f"'name' has {len(name)} characters; at most {MAX_NAME_CHARS}")
-    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn")), None)
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")), None)
     if bad is not None:
         raise InvalidRequest(f"'name' contains the control character U+{ord(bad):04X}; use printable characters")
     return name
@@ -88,12 +90,16 @@ class VoiceRegistry:
                "duration_s": duration_s, "ref_token_ids": list(ref_token_ids), "codec_id": codec_id,
                "model_id": model_id, "consent": consent}
         try:
-            with self.engine.begin() as c:
-                held = c.execute(sa.select(sa.func.count()).select_from(voices).where(voices.c.owner == owner)).scalar()
-                if held >= self.max_per_account:
-                    raise TooManyVoices(f"this account holds {held} cloned voices, the most allowed "
-                                        f"(voices.max_per_account); delete one first")
+            with _database(), self.engine.begin() as c:
+                if c.dialect.name == "postgresql":  # one enrollment of an account at a time
+                    c.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": owner})
+                # insert, then count within the same transaction (SQLite holds its write lock from the
+                # insert on): of two racing enrollments the second counts the first
                 c.execute(voices.insert().values(**row))
+                held = c.execute(sa.select(sa.func.count()).select_from(voices).where(voices.c.owner == owner)).scalar()
+                if held > self.max_per_account:
+                    raise TooManyVoices(f"this account holds {held - 1} cloned voices, the most allowed "
+                                        f"(voices.max_per_account); delete one first")
         except sa.exc.IntegrityError:
             raise VoiceExists(f"this account already has a voice named {row['name']!r}; choose another name or "
                               "delete that voice first") from None
@@ -102,35 +108,43 @@ class VoiceRegistry:
     def get(self, voice_id: Any, account: str) -> Voice:
         if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id):
             raise _unknown(voice_id)
-        with self.engine.connect() as c:
+        with _database(), self.engine.connect() as c:
             row = c.execute(sa.select(*_COLUMNS).where(voices.c.id == voice_id, voices.c.owner == account)).mappings().first()
         if row is None:
             raise _unknown(voice_id)
         return _voice(row)
 
     def list(self, account: str) -> list[Voice]:
-        with self.engine.connect() as c:
+        with _database(), self.engine.connect() as c:
             rows = c.execute(sa.select(*_COLUMNS).where(voices.c.owner == account).order_by(voices.c.created_at))
             return [_voice(r) for r in rows.mappings()]
 
     def audio(self, voice_id: str, account: str) -> bytes:
         """The reference clip as FLAC."""
         self.get(voice_id, account)
-        with self.engine.connect() as c:
+        with _database(), self.engine.connect() as c:
             return c.execute(sa.select(voices.c.audio_flac).where(voices.c.id == voice_id)).scalar_one()
 
     def delete(self, voice_id: Any, account: str) -> None:
         if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id):
             raise _unknown(voice_id)
-        with self.engine.begin() as c:
+        with _database(), self.engine.begin() as c:
             gone = c.execute(voices.delete().where(voices.c.id == voice_id, voices.c.owner == account)).rowcount
         if not gone:
             raise _unknown(voice_id)
 
-    def exists(self, voice_id: str) -> bool:
-        """Whether any account holds ``voice_id`` (for dropping cached state of deleted voices)."""
-        with self.engine.connect() as c:
-            return c.execute(sa.select(voices.c.id).where(voices.c.id == voice_id)).first() is not None
+
+
+@contextlib.contextmanager
+def _database() -> Iterator[None]:
+    """The database failing (locked too long, disk full, server gone) is a DatabaseError (503)."""
+    try:
+        yield
+    except sa.exc.IntegrityError:
+        raise
+    except sa.exc.SQLAlchemyError as e:
+        reason = str(getattr(e, "orig", None) or e).splitlines()[0][:200]
+        raise DatabaseError(f"the voices database cannot be used right now: {reason}") from None
 
 
 _COLUMNS = [c for c in voices.c if c.name != "audio_flac"]

@@ -29,7 +29,14 @@ from sqlalchemy.engine import Engine
 from lyre import orpheus
 from lyre.accounts import DEFAULT_ACCOUNT
 from lyre.config import LyreConfig
-from lyre.errors import ConsentRequired, InvalidRequest, ServiceUnavailable, UnknownVoice, shorten
+from lyre.errors import (
+    ConsentRequired,
+    InvalidAudio,
+    InvalidRequest,
+    ServiceUnavailable,
+    UnknownVoice,
+    shorten,
+)
 from lyre.options import MAX_NAME_CHARS, Consent, parse
 from lyre.voices.clip import prepare_clip
 from lyre.voices.registry import ID_PATTERN, Voice, VoiceRegistry, check_name
@@ -62,14 +69,19 @@ class Voices:
         self.codec_id = self.model_id = ""
         self._encode_lock = threading.Lock()  # one SNAC encode at a time beside the codec
         self._references: OrderedDict[str, list[int]] = OrderedDict()  # voice key -> reference-turn ids
+        self.max_reference_tokens = 0  # set by attach()
+        self.deleted: set[str] = set()  # voices deleted while this process runs: a Voice still held is refused
 
     def open(self, database: Engine) -> None:
         """At service start: the registry in ``database`` (opened and migrated by the service)."""
         self.registry = VoiceRegistry(database, self.config.voices.max_per_account)
 
-    def attach(self, snac: Any, tokenizer: Any, snac_dir: Path, model_id: str) -> None:
-        """At service start (blocking): what enrollment encodes with and prompts are built with."""
+    def attach(self, snac: Any, tokenizer: Any, snac_dir: Path, model_id: str, max_reference_tokens: int) -> None:
+        """At service start (blocking): what enrollment encodes with and prompts are built with;
+        ``max_reference_tokens``: the longest reference turn that leaves room for a segment's text
+        and ``sampling.max_tokens`` in a slot (and fits the engine's prompt limit)."""
         self._snac, self._tokenizer = snac, tokenizer
+        self.max_reference_tokens = max_reference_tokens
         self._device = next(snac.parameters()).device
         self.codec_id, self.model_id = weights_id(snac_dir), model_id
 
@@ -96,6 +108,12 @@ class Voices:
                                  f"clip can hold (at most {most:.0f}: voices.max_transcript_chars_per_second); give the "
                                  "exact words spoken in the clip")
         tokens = await asyncio.to_thread(self._encode, clip.pcm)
+        reference = len(orpheus.build_reference_ids(self._tokenizer, transcript, tokens))
+        if reference > self.max_reference_tokens:
+            raise InvalidAudio(f"the clip and transcript make a {reference}-token reference; this server has room for "
+                               f"{self.max_reference_tokens} (kv_cache.max_seq_len less sampling.max_tokens and a "
+                               f"segment's text): use a shorter clip, about "
+                               f"{self.max_reference_tokens / orpheus.TOKENS_PER_SECOND * 0.9:.0f} s at most")
         record.update(time=datetime.now(timezone.utc).isoformat(), account=account, address=address,
                       upload_sha256=clip.upload_sha256)
         voice = await asyncio.to_thread(
@@ -146,7 +164,8 @@ class Voices:
         log.info("voice %s deleted by account %s", voice_id, account)
 
     def forget(self, voice_id: str) -> None:
-        """Drop what is cached of ``voice_id`` here and in the engine."""
+        """Drop what is cached of ``voice_id`` here and in the engine; it cannot come back."""
+        self.deleted.add(voice_id)
         for key in [k for k in self._references if k.startswith(voice_id + ":")]:
             del self._references[key]
         for callback in self.on_delete:
@@ -185,6 +204,8 @@ class Voices:
     def reference(self, voice: Voice) -> tuple[str, list[int]]:
         """(prefix key, ids of the voice's reference turn): the part of its prompts shared by every
         request, which the engine computes once and keeps."""
+        if voice.id in self.deleted:
+            raise UnknownVoice(f"no voice {voice.id} (it was deleted)")
         if voice.codec_id != self.codec_id:
             raise InvalidRequest(f"voice {voice.id} was enrolled with other codec weights ({voice.codec_id}; this server "
                                  f"runs {self.codec_id}): its reference tokens mean nothing here; enroll it again")
