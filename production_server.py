@@ -4,7 +4,10 @@
   python production_server.py --config config/model_config.yaml --port 8000 [--grpc-port 50051]
                               [--host 0.0.0.0] [--set section.key=value ...]
 
-On SIGINT/SIGTERM it stops accepting requests (health turns 503; idle WebSockets close with 1001),
+GET /health is liveness (200 while the engine runs); GET /ready and the gRPC health of the
+synthesis services say "send me new callers" (503 / NOT_SERVING while admission is full or
+draining). On SIGINT/SIGTERM it stops accepting requests (/ready turns 503; idle WebSockets close
+with 1001),
 lets in-flight streams finish within server.drain_timeout_s, cancels the rest on every protocol
 (each told why: an SSE/WebSocket error message, gRPC UNAVAILABLE/CANCELLED, a cut REST body) and
 exits 0.
@@ -43,9 +46,10 @@ async def serve(service: TTSService) -> int:
         grpc_server = health = None
         grpc_port = 0
         if cfg.grpc_port:
-            from lyre.api.grpc import start_grpc
+            from lyre.api.grpc import follow_readiness, start_grpc
 
             grpc_server, grpc_port, health = await start_grpc(service, inflight, cfg.host, cfg.grpc_port)
+            readiness = asyncio.get_running_loop().create_task(follow_readiness(service, inflight, health))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -61,6 +65,7 @@ async def serve(service: TTSService) -> int:
         log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
         inflight.start_draining()  # new requests get 503 / UNAVAILABLE; idle WebSockets close now
         if health is not None:
+            readiness.cancel()
             await health.enter_graceful_shutdown()
         drained = await inflight.wait_idle(cfg.drain_timeout_s)
         if not drained:

@@ -12,6 +12,8 @@
 # (tests/test_install.py checks them against tests/trtllm_api/requirements-1.2.1.json).
 #
 # Idempotent: a second run with nothing changed only checks and takes seconds.
+# --with-test-services: also install the OS packages the test suite needs when missing (Debian's
+# postgresql and haproxy, with apt-get); the README's test command passes it.
 # Environment:
 #   PYTHON               interpreter to build .venv with (default: python3; must be 3.10-3.12)
 #   LYRE_TORCH_SPEC      torch requirement on CPU-only machines (default: torch==2.13.0)
@@ -25,6 +27,34 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 
 say() { echo "setup.sh: $*"; }
 fail() { echo "setup.sh: error: $*" >&2; exit 1; }
+
+with_services=no
+for arg in "$@"; do
+  case "$arg" in
+    --with-test-services) with_services=yes ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) fail "unknown option $arg (the only option is --with-test-services)" ;;
+  esac
+done
+
+# The test suite's OS packages: PostgreSQL (a throwaway cluster per run: the registry and audit trail
+# on a real server) and HAProxy (replicas behind a real load balancer). Installed when missing.
+if [ "$with_services" = yes ]; then
+  need=()
+  if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need+=(postgresql); fi
+  if ! command -v haproxy >/dev/null 2>&1; then need+=(haproxy); fi
+  if [ ${#need[@]} -gt 0 ]; then
+    say "the tests need ${need[*]} (Debian packages): installing them with apt-get"
+    sudo=()
+    if [ "$(id -u)" != 0 ]; then
+      command -v sudo >/dev/null 2>&1 || fail "installing ${need[*]} needs root: run apt-get install ${need[*]} as root, then ./setup.sh again"
+      sudo=(sudo)
+    fi
+    command -v apt-get >/dev/null 2>&1 || fail "no apt-get here: install ${need[*]} with your package manager, then ./setup.sh again"
+    { "${sudo[@]}" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${need[@]}"; } \
+      >/tmp/lyre-apt.log 2>&1 || { tail -n 20 /tmp/lyre-apt.log >&2; fail "could not install ${need[*]} (log: /tmp/lyre-apt.log)"; }
+  fi
+fi
 
 PYTHON=${PYTHON:-python3}
 command -v "$PYTHON" >/dev/null 2>&1 || fail "$PYTHON not found; install Python 3.10-3.12 or set PYTHON=/path/to/python"

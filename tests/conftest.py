@@ -46,3 +46,23 @@ def demo_snac(demo_dir):
 @pytest.fixture(autouse=True)
 def _quiet_lyre_logs(caplog):
     caplog.set_level(logging.INFO, logger="lyre")
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A throwaway PostgreSQL server for the whole run (tests/postgres.py)."""
+    from . import postgres as pg
+
+    server = pg.create()
+    yield server
+    pg.destroy(server)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path) -> str:
+    """An empty database of each kind the registry and audit trail run on."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'lyre.db'}"
+    from .postgres import fresh_schema
+
+    return fresh_schema(request.getfixturevalue("postgres").url)  # a clean schema for every test

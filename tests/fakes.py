@@ -63,6 +63,12 @@ class FakeTokenEngine:
             if s.request.request_id == request_id:
                 s.cancelled = True
 
+    def kept_prefixes(self) -> list[str]:
+        return []
+
+    def forget_prefix(self, name: str) -> None:
+        pass
+
     def has_work(self) -> bool:
         return bool(self._active)
 

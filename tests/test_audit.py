@@ -101,8 +101,8 @@ def test_a_database_that_cannot_be_written_refuses_new_syntheses_and_loses_no_ro
         b"Written while the disk is full.", b"Accepted again.")]
 
 
-def test_rows_older_than_the_retention_are_pruned(tmp_path):
-    engine = open_database(f"sqlite:///{tmp_path / 'lyre.db'}")
+def test_rows_older_than_the_retention_are_pruned(database_url):
+    engine = open_database(database_url)
     now = datetime.now(timezone.utc)
     old = {"account": "a", "voice": "tara", "protocol": "rest", "outcome": "finished", "reason": "",
            "audio_seconds": 1.0, "text_sha256": "t" * 64, "pcm_sha256": "p" * 64}

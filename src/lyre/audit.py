@@ -90,6 +90,7 @@ class AuditTrail:
         self._stop = False
         self.error: str | None = None  # why the last write failed; None once writes succeed again
         self.written = 0
+        self.dropped = 0  # rows dropped beyond audit.max_queued_rows (audit.required false)
         self._thread: threading.Thread | None = None
         if config.enabled:
             self._thread = threading.Thread(target=self._run, name="lyre-audit", daemon=True)
@@ -99,8 +100,9 @@ class AuditTrail:
         return AuditEntry(self if self.config.enabled else None, account, voice, protocol)
 
     def check(self) -> None:
-        """Raise DatabaseError (503) while rows cannot be written: no synthesis goes unrecorded."""
-        if self.config.enabled and self.error is not None:
+        """Raise DatabaseError (503) while rows cannot be written (``audit.required``): no synthesis
+        goes unrecorded."""
+        if self.config.enabled and self.config.required and self.error is not None:
             raise DatabaseError(f"the audit trail cannot be written ({self.error}); new syntheses are refused until "
                                 "it can, so that none goes unrecorded")
 
@@ -109,6 +111,12 @@ class AuditTrail:
         row, from a stream that ended during shutdown, is written at once or logged as lost)."""
         with self._cond:
             if not self._stop:
+                if len(self._rows) >= self.config.max_queued_rows:
+                    self._rows.popleft()
+                    self.dropped += 1
+                    if self.dropped == 1 or self.dropped % 1000 == 0:
+                        log.error("audit: %d rows dropped: %d are waiting for the database (audit.max_queued_rows)",
+                                  self.dropped, len(self._rows))
                 self._rows.append(row)
                 self._cond.notify_all()
                 return

@@ -181,6 +181,7 @@ class VoicesConfig:
     max_per_account: int = _f(100, ge=1, le=1_000_000)
     max_transcript_chars_per_second: float = _f(30.0, gt=0.0)  # longer transcripts cannot be what the clip says
     prefix_cache_mb: int = _f(512, ge=0, le=1_000_000)  # KV of cloned voices' reference prompts (LRU); 0 = off
+    sweep_s: float = _f(2.0, gt=0.0, le=3600.0)  # how often kept prefixes of voices deleted elsewhere are dropped
 
 
 @dataclass(frozen=True)
@@ -189,6 +190,10 @@ class AuditConfig:
 
     enabled: bool = True
     retention_days: float = _f(90.0, gt=0.0)  # older rows are deleted (checked hourly and at start)
+    # true: while rows cannot be written (disk full, database down) new syntheses are refused (503);
+    # false: they go on, their rows kept in memory (up to max_queued_rows) and written once it works
+    required: bool = True
+    max_queued_rows: int = _f(100_000, ge=1)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class Metrics:
         self.active = Gauge("lyre_active_sessions", "Sessions holding a KV slot", registry=r)
         self.pending = Gauge("lyre_pending_sessions", "Sessions waiting for a KV slot", registry=r)
         self.kv_slots_used = Gauge("lyre_kv_slots_used", "KV cache slots in use", registry=r)
+        self.utilisation = Gauge("lyre_capacity_utilisation", "Active + pending sessions over the KV slots "
+                                 "(max_concurrent_sessions): 1 = every slot busy, above 1 callers wait; autoscale on "
+                                 "it", registry=r)
         self.tokens = Counter("lyre_tokens", "Generated tokens", registry=r)
         self.audio_seconds = Counter("lyre_audio_seconds", "Audio delivered, in seconds", registry=r)
         self.rejections = Counter("lyre_rejections", "Requests refused", ["reason"], registry=r)
@@ -64,7 +67,8 @@ class Metrics:
         self.batch_size.observe(batch)
         self.total_batches += 1
 
-    def set_load(self, active: int, pending: int, slots_used: int) -> None:
+    def set_load(self, active: int, pending: int, slots_used: int, utilisation: float = 0.0) -> None:
+        self.utilisation.set(utilisation)
         self.active.set(active)
         self.pending.set(pending)
         self.kv_slots_used.set(slots_used)

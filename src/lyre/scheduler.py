@@ -117,7 +117,7 @@ class Scheduler:
         e = self.engine.stats()
         codec = self.audio.codec.stats()
         if self.metrics is not None:
-            self.metrics.set_load(len(self.active), len(self.pending), e.active)
+            self.metrics.set_load(len(self.active), len(self.pending), e.active, self.utilisation)
             self.metrics.set_engine(e.extra)
             self.metrics.set_prompts(e.prompt_tokens, e.prefilled_tokens, e.extra)
             self.metrics.set_codec(self.audio.codec.counters)
@@ -133,10 +133,17 @@ class Scheduler:
             "kv_cache": {"used_slots": e.active, "free_slots": e.capacity - e.active},
             "total_tokens": e.total_tokens,
             "total_batches": e.total_steps,
+            "capacity_utilisation": self.utilisation,
             "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, "prompt_tokens": e.prompt_tokens,
                        "prefilled_tokens": e.prefilled_tokens, **e.extra},
             "codec": codec,
         }
+
+    @property
+    def utilisation(self) -> float:
+        """Active + pending sessions over the KV slots (max_concurrent_sessions): 1 = every slot busy;
+        above 1, callers wait. The figure to autoscale on."""
+        return (len(self.active) + len(self.pending)) / self.cfg.max_concurrent_sessions
 
     def shutdown(self, outcome: str = CANCELLED, reason: str = "shutdown") -> None:
         """End every session (the service is closing, or the loop failed) and drain the engine. A

@@ -96,6 +96,7 @@ class TTSService:
         self.tokenizer: Any = None
         self.backend: Any = None  # BackendChoice once loaded
         self.voices = Voices(config)  # cloned voices (the registry opens with the service)
+        self._sweeper: asyncio.Task | None = None
         self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
         self.audit: AuditTrail | None = None
         w = config.watermark
@@ -116,6 +117,7 @@ class TTSService:
 
     async def __aenter__(self) -> TTSService:
         await asyncio.to_thread(self._load)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_deleted_voices())
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -199,6 +201,8 @@ class TTSService:
 
     async def aclose(self) -> None:
         """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._loop is not None and self._loop.thread.is_alive():
             await asyncio.to_thread(self._loop.stop)
         if self.audit is not None:
@@ -207,6 +211,15 @@ class TTSService:
     @property
     def ready(self) -> bool:
         return self._loop is not None and self._loop.alive and not self._loop.closing
+
+    def readiness(self) -> str | None:
+        """Why this service should not be sent new callers ("unavailable": not running; "full":
+        admission is full, max_concurrent_sessions + max_pending inside), or None when it can take them."""
+        if not self.ready:
+            return "unavailable"
+        if self.gate.inside >= self.gate.max_active + self.gate.max_pending:
+            return "full"
+        return None
 
     @property
     def builtin_voices(self) -> tuple[str, ...]:
@@ -283,6 +296,23 @@ class TTSService:
             raise
         utterance.end()
         return utterance
+
+    async def _sweep_deleted_voices(self) -> None:
+        """Every ``voices.sweep_s``: kept prefixes of voices deleted elsewhere (another replica sharing
+        the database) are dropped here too. (A deletion through this process drops them at once.)"""
+        while True:
+            await asyncio.sleep(self.config.voices.sweep_s)
+            try:
+                kept = await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
+                ids = {key.split(":", 1)[0] for key in kept}
+                if ids:
+                    for gone in ids - await asyncio.to_thread(self.voices.registry.existing, ids):
+                        log.info("voice %s was deleted elsewhere: its kept prefix is dropped", gone)
+                        self.voices.forget(gone)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the database is away: try again next time
+                log.warning("could not check kept prefixes against the voices database: %s", e)
 
     def _forget_voice(self, voice_id: str) -> None:
         """A deleted voice's kept prefix leaves the engine at its next step."""

@@ -54,7 +54,8 @@ def test_the_document_lists_exactly_the_routes_the_server_serves(spec, server):
     assert served == documented
 
 
-@pytest.mark.parametrize("path", ["/v1/voices", "/v1/models", "/v1/stats", "/health", "/metrics", "/openapi.json"])
+@pytest.mark.parametrize("path", ["/v1/voices", "/v1/models", "/v1/stats", "/health", "/ready", "/metrics",
+                                  "/openapi.json"])
 def test_every_get_endpoint_answers_as_documented(spec, server, path):
     r = call(spec, "GET", server.http + path, headers={"X-Request-Id": "doc-check-1"})
     assert r.status_code == 200 and r.headers["X-Request-Id"] == "doc-check-1"
@@ -100,7 +101,7 @@ def test_an_undocumented_answer_is_caught(spec, server):
 
 
 def test_key_overload_and_drain_answers_match_the_document(spec):
-    """401 on every /v1/ route, 429 with Retry-After past the per-client limit, and 503 on /health
+    """401 on every /v1/ route, 429 with Retry-After past the per-client limit, and 503 on /ready
     and new speech while draining."""
     srv = start_server("server.api_key=s3cret", "server.max_connections_per_client=2", "server.drain_timeout_s=120")
     auth = {"Authorization": "Bearer s3cret"}
@@ -123,12 +124,15 @@ def test_key_overload_and_drain_answers_match_the_document(spec):
         held = requests.post(srv.http + SPEECH, headers=auth, stream=True, timeout=60,
                              json={"input": "Keep going", "response_format": "pcm", "max_tokens": 5000,
                                    "min_tokens": 5000})
-        assert held.status_code == 200 and next(held.iter_content(256))
+        chunks = held.iter_content(256)  # (kept: a dropped iterator closes the connection, which cancels)
+        assert held.status_code == 200 and next(chunks)
         srv.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while (health := call(spec, "GET", srv.http + "/health")).status_code == 200:  # ask, don't sleep
+        while (ready := call(spec, "GET", srv.http + "/ready")).status_code == 200:  # ask, don't sleep
             assert time.monotonic() < deadline, "the server did not start draining"
-        assert health.status_code == 503 and health.json()["status"] == "draining"
+        assert ready.status_code == 503 and ready.json()["reason"] == "draining"
+        health = call(spec, "GET", srv.http + "/health")
+        assert health.status_code == 200 and health.json()["status"] == "draining"  # alive while it drains
         r = call(spec, "POST", srv.http + SPEECH, headers=auth, json={"input": "too late"})
         assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
         held.close()  # the last stream ends: the drain completes

@@ -22,13 +22,14 @@ def voice_row(name: str = "Ann", owner: str = "alice") -> dict:
 
 
 @pytest.fixture
-def registry(tmp_path) -> VoiceRegistry:
-    return VoiceRegistry(db.open_database(f"sqlite:///{tmp_path / 'lyre.db'}"), max_per_account=3)
+def registry(database_url) -> VoiceRegistry:
+    """On SQLite and on PostgreSQL."""
+    return VoiceRegistry(db.open_database(database_url), max_per_account=3)
 
 
-def test_migrations_build_exactly_the_tables_the_code_uses_and_run_once(tmp_path):
-    url = f"sqlite:///{tmp_path / 'sub' / 'lyre.db'}"
-    engine = db.open_database(url)  # the folder is created
+def test_migrations_build_exactly_the_tables_the_code_uses_and_run_once(database_url, tmp_path):
+    url = f"sqlite:///{tmp_path / 'sub' / 'lyre.db'}" if database_url.startswith("sqlite") else database_url
+    engine = db.open_database(url)  # (a SQLite file's folder is created)
     with engine.connect() as c:
         assert compare_metadata(MigrationContext.configure(c), db.metadata) == []
         assert c.execute(sa.text("select version_num from alembic_version")).scalar() is not None
@@ -63,6 +64,8 @@ def test_ids_that_are_not_ours_are_unknown_before_the_database_is_asked(registry
 def test_names_are_unique_per_account_and_checked(registry):
     registry.add(**voice_row("Ann"))
     registry.add(**voice_row("Ann", owner="bob"))  # another account may use the name
+    with pytest.raises(VoiceExists):
+        registry.add(**voice_row("Ann"))
     with pytest.raises(VoiceExists, match="already has a voice named 'Ann'"):
         registry.add(**voice_row(" Ann "))
     for bad, message in [("", "required"), ("x" * 65, "at most 64"), ("An\u0007n", "control character U\\+0007"),
@@ -78,7 +81,7 @@ def test_two_concurrent_enrollments_with_one_name_one_wins(registry):
         barrier.wait()
         try:
             results.append(registry.add(**voice_row("Same")).id)
-        except VoiceExists as e:
+        except (VoiceExists, TooManyVoices) as e:
             results.append(e)
 
     threads = [threading.Thread(target=enroll) for _ in range(4)]
@@ -88,6 +91,24 @@ def test_two_concurrent_enrollments_with_one_name_one_wins(registry):
         t.join()
     assert sum(isinstance(r, str) for r in results) == 1 and sum(isinstance(r, VoiceExists) for r in results) == 3
     assert len(registry.list("alice")) == 1
+
+
+def test_racing_enrollments_never_pass_the_account_limit(registry):
+    barrier, results = threading.Barrier(6), []
+
+    def enroll(i: int):
+        barrier.wait()
+        try:
+            results.append(registry.add(**voice_row(f"racer{i}")).id)
+        except TooManyVoices as e:
+            results.append(e)
+
+    threads = [threading.Thread(target=enroll, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(isinstance(r, str) for r in results) == 3 and len(registry.list("alice")) == 3
 
 
 def test_an_account_holds_at_most_max_per_account_voices(registry):

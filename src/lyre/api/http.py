@@ -134,6 +134,7 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app.on_response_prepare.append(request_id_header)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/health", health)
+    app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
     return app
@@ -286,12 +287,25 @@ async def stats(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
+    """Liveness: 200 while the engine runs, draining included (a draining server is alive)."""
     service = request.app[SERVICE]
-    ready = service.ready and not request.app[INFLIGHT].draining
-    body = {"status": "ok" if ready else ("draining" if request.app[INFLIGHT].draining else "unavailable"),
+    draining = request.app[INFLIGHT].draining
+    body = {"status": "unavailable" if not service.ready else "draining" if draining else "ok",
             "model": service.model.source if service.model else None,
             "demo": bool(service.model and service.model.is_demo)}
-    return web.json_response(body, status=200 if ready else 503)
+    return web.json_response(body, status=200 if service.ready else 503)
+
+
+async def ready(request: web.Request) -> web.Response:
+    """Readiness, "send me new callers": 503 while draining, when admission is full, or not running."""
+    service = request.app[SERVICE]
+    reason = "draining" if request.app[INFLIGHT].draining else service.readiness()
+    stats = service.stats()
+    sch = stats.get("scheduler", {})
+    body = {"ready": reason is None, "reason": reason, "active_sessions": sch.get("active_sessions", 0),
+            "pending_sessions": sch.get("pending_sessions", 0), "capacity": service.config.scheduler.max_concurrent_sessions,
+            "capacity_utilisation": stats.get("capacity_utilisation", 0.0)}
+    return web.json_response(body, status=200 if reason is None else 503)
 
 
 async def openapi(request: web.Request) -> web.Response:

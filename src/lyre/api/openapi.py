@@ -135,6 +135,15 @@ class Stats(BaseModel):
     codec: dict[str, Any] = Field(description="the codec's mode, runtime and counters")
 
 
+class Ready(_Shape):
+    ready: bool
+    reason: Literal["draining", "full", "unavailable"] | None = Field(description="why not (None when ready)")
+    active_sessions: int
+    pending_sessions: int
+    capacity: int = Field(description="KV slots (scheduler.max_concurrent_sessions)")
+    capacity_utilisation: float = Field(description="(active + pending) / capacity: 1 = every slot busy")
+
+
 class Health(_Shape):
     status: str = Field(description="ok, draining or unavailable")
     model: str | None = Field(description="where the checkpoint was loaded from")
@@ -142,7 +151,7 @@ class Health(_Shape):
 
 
 SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enrollment, Verification, VerifyResult,
-                                         ModelList, Stats, Health, SpeechBody, WsMessage)
+                                         ModelList, Stats, Health, Ready, SpeechBody, WsMessage)
 
 _REQUEST_ID = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
 _ERRORS = {
@@ -280,11 +289,19 @@ def document() -> dict[str, Any]:
                                        "responses": _json("the models", "ModelList", 401, 429)})},
             "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",
                                       "responses": _json("the figures", "Stats", 401, 429)})},
-            "/health": {"get": {"operationId": "health", "summary": "Liveness: the engine is loaded and running",
+            "/ready": {"get": {"operationId": "ready", "summary": "Readiness: send me new callers",
+                               "responses": {
+                                   "200": {"description": "ready", "headers": dict(_REQUEST_ID), "content": {
+                                       "application/json": {"schema": {"$ref": "#/components/schemas/Ready"}}}},
+                                   "503": {"description": "draining, admission full, or not running",
+                                           "headers": dict(_REQUEST_ID), "content": {"application/json": {
+                                               "schema": {"$ref": "#/components/schemas/Ready"}}}}}}},
+            "/health": {"get": {"operationId": "health", "summary": "Liveness: the engine is loaded and running "
+                                "(draining included)",
                                 "responses": {
                                     "200": {"description": "alive", "headers": dict(_REQUEST_ID), "content": {
                                         "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}},
-                                    "503": {"description": "draining, or the engine is not running",
+                                    "503": {"description": "the engine is not running",
                                             "headers": dict(_REQUEST_ID), "content": {"application/json": {
                                                 "schema": {"$ref": "#/components/schemas/Health"}}}}}}},
             "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",

@@ -141,6 +141,10 @@ class TokenEngine(Protocol):
         ``None``: every ready request, earliest admitted first (up to ``max_batch_size``)."""
         ...
 
+    def kept_prefixes(self) -> list[str]:
+        """The ``prefix_key`` s whose K/V is kept."""
+        ...
+
     def forget_prefix(self, name: str) -> None:
         """Drop every kept prefix whose ``prefix_key`` starts with ``name`` (a deleted voice)."""
         ...

@@ -40,6 +40,9 @@ class PrefixCache:
     def __contains__(self, key: str) -> bool:
         return key in self._entries
 
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
     def __len__(self) -> int:
         return len(self._entries)
 

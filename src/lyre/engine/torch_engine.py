@@ -212,6 +212,9 @@ class TorchEngine:
         if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
             self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
 
+    def kept_prefixes(self) -> list[str]:
+        return self.prefixes.keys() if self.prefixes is not None else []
+
     def forget_prefix(self, name: str) -> None:
         if self.prefixes is not None:
             self.prefixes.drop_prefix(name)

@@ -260,6 +260,9 @@ class TrtllmEngine:
         except Exception:  # already finished inside the executor: nothing to cancel
             log.debug("cancel_request(%d) failed", flight.exec_id, exc_info=True)
 
+    def kept_prefixes(self) -> list[str]:
+        return []  # (the executor's block reuse keeps blocks by their tokens)
+
     def forget_prefix(self, name: str) -> None:
         """Nothing to drop: the executor's KV block reuse keys blocks by their tokens, and blocks of a
         deleted voice's prefix are evicted as they go unused."""

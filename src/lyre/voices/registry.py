@@ -134,6 +134,11 @@ class VoiceRegistry:
             raise _unknown(voice_id)
 
 
+    def existing(self, voice_ids: set[str]) -> set[str]:
+        """Which of ``voice_ids`` still exist (in any account)."""
+        with _database(), self.engine.connect() as c:
+            return set(c.execute(sa.select(voices.c.id).where(voices.c.id.in_(sorted(voice_ids)))).scalars())
+
 
 @contextlib.contextmanager
 def _database() -> Iterator[None]:
