@@ -26,8 +26,10 @@ def config(http_port: int, grpc_port: int, stats_port: int, replicas: list[tuple
     text = TEMPLATE.read_text()
     text = text.replace("bind :8000", f"bind 127.0.0.1:{http_port}").replace(
         "bind :50051", f"bind 127.0.0.1:{grpc_port}").replace("bind :8404", f"bind 127.0.0.1:{stats_port}")
-    http = "".join(f"    server {n} 127.0.0.1:{h} check\n" for n, h, _ in replicas)
-    grpc = "".join(f"    server {n} 127.0.0.1:{g} proto h2 check port {h} check-proto h1\n" for n, h, g in replicas)
+    http = "".join(f"    server {n} 127.0.0.1:{h} check\n" for n, h, _ in replicas) + "".join(
+        f"    server {n}-any 127.0.0.1:{h} backup\n" for n, h, _ in replicas)
+    grpc = "".join(f"    server {n} 127.0.0.1:{g} proto h2 check port {h} check-proto h1\n" for n, h, g in replicas) + \
+        "".join(f"    server {n}-any 127.0.0.1:{g} proto h2 backup\n" for n, _, g in replicas)
     start, end = "    # replicas (http) begin\n", "    # replicas (http) end\n"
     text = text[: text.index(start) + len(start)] + http + text[text.index(end):]
     start, end = "    # replicas (grpc) begin\n", "    # replicas (grpc) end\n"
@@ -51,7 +53,7 @@ class Balancer:
         """Ask HAProxy until both of ``server``'s backends report ``status`` (UP or DOWN)."""
         deadline = time.monotonic() + timeout
         while True:
-            states = {b: row["status"] for (b, s), row in self.servers().items() if s == server}
+            states = {b: row["status"] for (b, s), row in self.servers().items() if s == server}  # (checked lines)
             if states and all(v.startswith(status) for v in states.values()):
                 return
             assert time.monotonic() < deadline, f"{server} never {status}: {states}"
@@ -78,7 +80,7 @@ def start(replicas: list[tuple[str, int, int]]) -> Balancer:
     deadline = time.monotonic() + 30
     while True:  # ask until it listens and has checked every replica
         try:
-            if all(row["status"].startswith("UP") for row in balancer.servers().values()):
+            if all(row["status"].startswith("UP") for (_, s), row in balancer.servers().items() if "-any" not in s):
                 return balancer
         except OSError:
             pass
