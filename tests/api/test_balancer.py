@@ -21,7 +21,7 @@ from lyre.v1 import tts_pb2, tts_pb2_grpc
 from .. import haproxy
 from ..postgres import fresh_schema
 from .conftest import start_server, stop_server
-from .test_shared_database import enroll, until
+from .test_shared_database import enroll
 
 SPEECH = "/v1/audio/speech"
 LONG = {"response_format": "pcm", "max_tokens": 2000, "min_tokens": 2000}  # ~24 s of audio: a held stream
