@@ -50,6 +50,7 @@ def test_full_admission_turns_readiness_off_and_room_turns_it_back_on():
         assert full.status_code == 503 and full.json()["reason"] == "full"
         until(lambda: grpc_health(srv) == NOT_SERVING, "NOT_SERVING while full")
         assert grpc_health(srv, "nvidia.riva.tts.RivaSpeechSynthesis") == NOT_SERVING
+        assert grpc_health(srv, "") == SERVING  # the server's own status is liveness: it is alive
         assert requests.get(srv.http + "/health", timeout=10).status_code == 200  # alive all along
         until(lambda: utilisation(srv) == 1.0, "utilisation 1.0")
         refused = requests.post(srv.http + "/v1/audio/speech", json={"input": "no room"}, timeout=30)

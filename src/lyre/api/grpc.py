@@ -308,9 +308,10 @@ READY_POLL_S = 0.25
 
 
 async def follow_readiness(service: TTSService, inflight: InFlight, health: HealthServicer) -> None:
-    """Keep the gRPC health of the synthesis services (and the server's, "") equal to ``/ready``:
-    NOT_SERVING while admission is full, SERVING when there is room again (checked every
-    READY_POLL_S); the drain then sets everything NOT_SERVING for good."""
+    """Keep the gRPC health of the synthesis services (``lyre.v1.TextToSpeech``, Riva's) equal to
+    ``/ready``: NOT_SERVING while admission is full, SERVING when there is room again (checked every
+    READY_POLL_S). The server's own status, ``""``, is liveness: SERVING until the drain, which sets
+    everything NOT_SERVING for good."""
     from lyre.api import riva
 
     serving: bool | None = None
@@ -318,7 +319,7 @@ async def follow_readiness(service: TTSService, inflight: InFlight, health: Heal
         now = service.readiness() is None
         if now != serving:
             status = health_pb2.HealthCheckResponse.SERVING if now else health_pb2.HealthCheckResponse.NOT_SERVING
-            for name in ("", SERVICE_NAME, riva.SERVICE_NAME):
+            for name in (SERVICE_NAME, riva.SERVICE_NAME):
                 await health.set(name, status)
             serving = now
         await asyncio.sleep(READY_POLL_S)
