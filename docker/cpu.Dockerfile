@@ -29,8 +29,9 @@ RUN pip install torch==2.9.1 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY protos ./protos
 COPY src ./src
-# gRPC stubs are generated, never committed (as setup.sh does), then Lyre itself (no dev extra)
-RUN pip install -e . \
+# gRPC stubs are generated, never committed (as setup.sh does), then Lyre itself (no dev extra; the
+# postgres extra: replicas share their registry and audit trail in PostgreSQL)
+RUN pip install -e ".[postgres]" \
  && python -m grpc_tools.protoc -Iprotos --python_out=src --pyi_out=src --grpc_python_out=src protos/lyre/v1/tts.proto
 COPY config ./config
 COPY production_server.py build_engine.py client.py benchmark.py ./

@@ -38,7 +38,7 @@ COPY src ./src
 # gRPC stubs (generated, never committed, as setup.sh does). TensorRT-LLM's version is read from its
 # metadata: importing it needs the CUDA driver, which a build machine may not have.
 RUN pip list --format=freeze --exclude-editable > /tmp/container-constraints.txt \
- && pip install -c /tmp/container-constraints.txt -e . \
+ && pip install -c /tmp/container-constraints.txt -e ".[postgres]" \
  && python -m grpc_tools.protoc -Iprotos --python_out=src --pyi_out=src --grpc_python_out=src protos/lyre/v1/tts.proto \
  && python -c "import importlib.metadata as m, lyre; print('TensorRT-LLM', m.version('tensorrt_llm'))"
 COPY config ./config
