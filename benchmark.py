@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
     load.add_argument("--url", help="a running server's http://host:port (default: start one)")
     load.add_argument("--grpc-url", help="its gRPC host:port, with --protocol grpc and --url")
+    load.add_argument("--replica-urls", help="with --url at a load balancer: the replicas behind it "
+                                             "(http://host:port,...), each asked for its /v1/stats: per-replica "
+                                             "sessions and tokens/s, and the server figures summed over them")
     load.add_argument("--concurrent", type=int, help="most concurrent users (default 16; soak: 8)")
     load.add_argument("--levels", type=_int_list, help="concurrency levels to sweep (default 1,2,4,... --concurrent)")
     load.add_argument("--requests", type=int, help="requests per measurement (default 2 x users, at least 4)")
@@ -182,6 +185,8 @@ def main(argv=None) -> int:
             if args.policies and set(args.policies.split(",")) - {"fair", "deadline"}:
                 p.error("--policies takes fair and/or deadline")
             _codec_modes(p, args.codec_modes)
+            if args.replica_urls and not args.url:
+                p.error("--replica-urls names the servers behind --url (a load balancer)")
             if args.prefix_cache and (set(args.prefix_cache.split(",")) - {"on", "off"} or args.url):
                 p.error("--prefix-cache takes on and/or off, and starts one server per setting (no --url)")
             if args.clone_audio and not args.clone_audio.is_file():

@@ -58,3 +58,11 @@ def test_code_passes_ruff():
     lint = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "ruff"), "check", "src", "tests", *map(str, REPO_ROOT.glob("*.py"))], cwd=REPO_ROOT,
                           capture_output=True, text=True)
     assert lint.returncode == 0, lint.stdout
+
+
+def test_setup_refuses_an_unknown_option_and_explains_the_one_it_has():
+    unknown = subprocess.run(["bash", "setup.sh", "--with-tests"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert unknown.returncode != 0 and "unknown option --with-tests" in unknown.stderr
+    assert "--with-test-services" in unknown.stderr
+    usage = subprocess.run(["bash", "setup.sh", "--help"], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert usage.returncode == 0 and "--with-test-services" in usage.stdout and "postgresql" in usage.stdout

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import subprocess
+import sys
 
 import grpc
 import pytest
@@ -19,6 +21,7 @@ import websockets
 from lyre.v1 import tts_pb2, tts_pb2_grpc
 
 from .. import haproxy
+from ..conftest import REPO_ROOT
 from ..postgres import fresh_schema
 from .conftest import start_server, stop_server
 from .test_shared_database import enroll
@@ -147,3 +150,20 @@ def test_a_replica_killed_mid_stream_cuts_only_its_clients_cleanly(cluster, post
     voices = requests.get(balancer.http + "/v1/voices", timeout=10).json()["voices"]
     assert [v["name"] for v in voices if v["type"] == "cloned"] == ["Survivor"]  # whole, and seen by the survivor
     assert requests.get(survivor.http + "/ready", timeout=10).status_code == 200
+
+
+def test_the_benchmark_reports_the_load_of_each_replica_behind_the_balancer(cluster, tmp_path):
+    balancer, replicas = cluster
+    out = tmp_path / "spread.json"
+    run = subprocess.run([sys.executable, "benchmark.py", "--mode", "scaling", "--levels", "1", "--requests", "6",
+                          "--protocol", "rest", "--url", balancer.http,
+                          "--replica-urls", ",".join(r.http for r in replicas), "--output", str(out)],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    level = json.loads(out.read_text())["engines"]["lyre"]["levels"][0]
+    spread = {r["url"]: r for r in level["replicas"]}
+    assert set(spread) == {r.http for r in replicas}
+    ok = round(level["success_rate"] * level["requests"])
+    assert sum(r["sessions"] for r in spread.values()) == ok and all(r["sessions"] > 0 for r in spread.values())
+    assert level["server_tokens_per_s"] > 0  # summed over the replicas, not one replica's
+    assert "per replica:" in run.stdout

@@ -102,7 +102,10 @@ class Target:
     """Where and how requests go."""
 
     def __init__(self, protocol: str, http_url: str | None, grpc_target: str | None, voice: str | None,
-                 extra: dict[str, Any] | None = None, api_key: str | None = None, fmt: str = "pcm"):
+                 extra: dict[str, Any] | None = None, api_key: str | None = None, fmt: str = "pcm",
+                 replicas: list[str] | None = None):
+        """``replicas``: the servers behind a balancer at ``http_url``, each asked for its /v1/stats."""
+        self.replicas = replicas or []
         if fmt != "pcm" and protocol != "rest":
             raise ValueError(f"--format {fmt} is for --protocol rest (WebSocket and gRPC load use PCM)")
         self.protocol, self.http, self.grpc, self.voice, self.format = protocol, http_url, grpc_target, voice, fmt
@@ -320,6 +323,7 @@ def run_level(target: Target, mode: str, level: float, requests: int, texts: lis
 
     async def go() -> tuple[list[RequestResult], float, dict | None, dict | None]:
         before = await asyncio.to_thread(server_stats, target.http, target.api_key)
+        spread_before = [await asyncio.to_thread(server_stats, url, target.api_key) for url in target.replicas]
         with tqdm(total=requests, desc=desc, unit="req", leave=False) as bar:
             async with target:
                 t0 = time.perf_counter()
@@ -329,12 +333,43 @@ def run_level(target: Target, mode: str, level: float, requests: int, texts: lis
                     results = await open_loop(target, level, requests, texts, bar.update)
                 wall = time.perf_counter() - t0
         after = await asyncio.to_thread(server_stats, target.http, target.api_key)
+        spread = [await asyncio.to_thread(server_stats, url, target.api_key) for url in target.replicas]
+        if target.replicas:  # the balancer's /v1/stats is one replica's: the figures are the replicas' sum
+            before, after = combined(spread_before), combined(spread)
+            replica_load[:] = per_replica(target.replicas, spread_before, spread, wall)
         return results, wall, before, after
 
+    replica_load: list[dict[str, Any]] = []
     results, wall, before, after = asyncio.run(go())
     summary = summarize(results, wall, before, after)
     summary["concurrency" if mode == "closed" else "rps"] = level
+    if replica_load:
+        summary["replicas"] = replica_load
     return summary
+
+
+def combined(stats: list[dict | None]) -> dict | None:
+    """The replicas' /v1/stats added up (the counters the figures use)."""
+    if not stats or any(s is None for s in stats):
+        return None
+    out = {"total_tokens": sum(s["total_tokens"] for s in stats)}
+    engine = {k: sum(s["engine"].get(k, 0) for s in stats) for k in ("prompt_tokens", "prefilled_tokens")}
+    codec = {k: sum(s["codec"].get(k, 0) for s in stats) for k in ("frames_decoded", "frames_emitted", "decode_s")}
+    return {**out, "engine": engine, "codec": codec}
+
+
+def per_replica(urls: list[str], before: list[dict | None], after: list[dict | None], wall: float) -> list[dict]:
+    """Each replica's share of a measurement: sessions it took, tokens it generated."""
+    rows = []
+    for url, b, a in zip(urls, before, after, strict=True):
+        if a is None or b is None:
+            rows.append({"url": url, "error": "no /v1/stats"})
+            continue
+        sessions = a["scheduler"]["total_sessions"] - b["scheduler"]["total_sessions"]
+        tokens = a["total_tokens"] - b["total_tokens"]
+        rows.append({"url": url, "sessions": sessions, "tokens": tokens, "tokens_per_s": tokens / wall if wall else 0.0,
+                     "active_sessions_after": a["scheduler"]["active_sessions"]})
+    return rows
 
 
 # --------------------------------------------------------------------------------------------

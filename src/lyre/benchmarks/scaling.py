@@ -45,7 +45,8 @@ def server_for(args, overrides: tuple[str, ...] = (), baseline: str | None = Non
 
 def _target(args, http: str, grpc: str, voice: str | None = None) -> Target:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
-    return Target(args.protocol, http, grpc, voice, extra, args.api_key, args.format)
+    replicas = [u.strip().rstrip("/") for u in (args.replica_urls or "").split(",") if u.strip()]
+    return Target(args.protocol, http, grpc, voice, extra, args.api_key, args.format, replicas)
 
 
 def _engines(args) -> list[tuple[str, tuple[str, ...], str | None]]:
@@ -202,6 +203,11 @@ def level_table(engines: dict[str, Any]) -> str:
                          f"{lv['audio_s_per_wall_s']:>10.2f}{_fmt(lv['server_tokens_per_s']):>8}"
                          f"{_fmt(lv.get('decoded_per_emitted'), '.2f'):>9}{_fmt(lv.get('codec_ms_per_frame'), '.1f'):>15}"
                          f"{_fmt(lv.get('prompt_tokens_per_request')) + '/' + _fmt(lv.get('prefilled_tokens_per_request')):>18}")
+        for lv in entry["levels"]:
+            if lv.get("replicas"):
+                spread = ", ".join(f"{r['url']}: {r.get('sessions', '-')} sessions, {_fmt(r.get('tokens_per_s'))} tok/s"
+                                   for r in lv["replicas"])
+                lines.append(f"  {name} at {lv['concurrency']} users, per replica: {spread}")
         if "find_max" in entry:
             fm = entry["find_max"]
             lines.append(f"{name}: largest concurrency meeting {fm['slo']}: {fm['max_concurrency']}")
