@@ -36,7 +36,7 @@ UNWIND_S = 2.0  # after the drain: for cancelled handlers to send their last mes
 
 async def serve(service: TTSService) -> int:
     cfg = service.config.server
-    inflight = InFlight(cfg.max_connections_per_client)
+    inflight = InFlight(cfg.max_connections_per_client, cfg.trusted_proxies)
     async with service:
         runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
         await runner.setup()
@@ -62,6 +62,10 @@ async def serve(service: TTSService) -> int:
         print(f"Lyre ready: http://{cfg.host}:{http_port} grpc {cfg.host}:{grpc_port or 'off'}", flush=True)
         await stop.wait()
 
+        if cfg.drain_notice_s:  # /ready and the gRPC health say "draining" first; requests are still taken
+            log.info("shutting down: announcing the drain for %.1f s", cfg.drain_notice_s)
+            inflight.announce_drain()
+            await asyncio.sleep(cfg.drain_notice_s)
         log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
         inflight.start_draining()  # new requests get 503 / UNAVAILABLE; idle WebSockets close now
         if health is not None:

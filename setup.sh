@@ -42,7 +42,7 @@ done
 if [ "$with_services" = yes ]; then
   need=()
   if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need+=(postgresql); fi
-  if ! command -v haproxy >/dev/null 2>&1; then need+=(haproxy); fi
+  if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then need+=(haproxy); fi
   if [ ${#need[@]} -gt 0 ]; then
     say "the tests need ${need[*]} (Debian packages): installing them with apt-get"
     sudo=()
@@ -51,7 +51,7 @@ if [ "$with_services" = yes ]; then
       sudo=(sudo)
     fi
     command -v apt-get >/dev/null 2>&1 || fail "no apt-get here: install ${need[*]} with your package manager, then ./setup.sh again"
-    { "${sudo[@]}" apt-get update -qq && DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq "${need[@]}"; } \
+    { "${sudo[@]}" apt-get update -qq && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"; } \
       >/tmp/lyre-apt.log 2>&1 || { tail -n 20 /tmp/lyre-apt.log >&2; fail "could not install ${need[*]} (log: /tmp/lyre-apt.log)"; }
   fi
 fi

@@ -20,10 +20,13 @@ from .postgres import free_port
 TEMPLATE = REPO_ROOT / "deploy" / "compose" / "haproxy.cfg"
 
 
-def config(http_port: int, grpc_port: int, stats_port: int, replicas: list[tuple[str, int, int]]) -> str:
+def config(http_port: int, grpc_port: int, stats_port: int, replicas: list[tuple[str, int, int]],
+           maxconn: int = 96) -> str:
     """``deploy/compose/haproxy.cfg`` bound to loopback ports, its server lines for ``replicas``
-    ((name, http port, grpc port) on 127.0.0.1) instead of the compose service names."""
-    text = TEMPLATE.read_text()
+    ((name, http port, grpc port) on 127.0.0.1) instead of the compose service names (no DNS), each
+    replica's ``maxconn`` its admission limit."""
+    text = TEMPLATE.read_text().replace(" resolvers docker init-addr last,libc,none", "")
+    text = text.replace(" maxconn 96", f" maxconn {maxconn}")
     text = text.replace("bind :8000", f"bind 127.0.0.1:{http_port}").replace(
         "bind :50051", f"bind 127.0.0.1:{grpc_port}").replace("bind :8404", f"bind 127.0.0.1:{stats_port}")
     http = "".join(f"    server {n} 127.0.0.1:{h} check\n" for n, h, _ in replicas) + "".join(
@@ -42,6 +45,7 @@ class Balancer:
     http: str
     grpc: str
     stats: str
+    folder: Path
 
     def servers(self) -> dict[tuple[str, str], dict[str, str]]:
         """HAProxy's own view, from its stats CSV: (backend, server) -> row (status, scur, stot, ...)."""
@@ -57,6 +61,7 @@ class Balancer:
             if states and all(v.startswith(status) for v in states.values()):
                 return
             assert time.monotonic() < deadline, f"{server} never {status}: {states}"
+            time.sleep(0.02)  # (paces the polling: the replicas it waits on share the CPU)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -64,19 +69,20 @@ class Balancer:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(replicas: list[tuple[str, int, int]]) -> Balancer:
-    binary = shutil.which("haproxy")
+def start(replicas: list[tuple[str, int, int]], maxconn: int = 96) -> Balancer:
+    binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
     if binary is None:
         raise RuntimeError("HAProxy is not installed (./setup.sh --with-test-services installs Debian's haproxy)")
     http, grpc, stats = free_port(), free_port(), free_port()
     path = Path(tempfile.mkdtemp(prefix="lyre-haproxy-")) / "haproxy.cfg"
-    path.write_text(config(http, grpc, stats, replicas))
+    path.write_text(config(http, grpc, stats, replicas, maxconn))
     check = subprocess.run([binary, "-c", "-f", str(path)], capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    balancer = Balancer(proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{stats}")
+    balancer = Balancer(proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{stats}", path.parent)
     deadline = time.monotonic() + 30
     while True:  # ask until it listens and has checked every replica
         try:

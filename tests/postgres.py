@@ -38,7 +38,8 @@ class Postgres:
 
     def _run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         prefix = ["runuser", "-u", self.user, "--"] if os.geteuid() == 0 else []
-        return subprocess.run([*prefix, *args], capture_output=True, text=True, check=check, timeout=120)
+        return subprocess.run([*prefix, *args], capture_output=True, text=True, check=check, timeout=120,
+                              cwd=self.data_dir.parent)  # (a directory the server's user can read)
 
     def start(self) -> None:
         self._run(_bin("pg_ctl"), "-D", str(self.data_dir), "-l", str(self.data_dir / "server.log"), "-w", "-o",
@@ -91,9 +92,9 @@ def fresh_schema(url: str) -> str:
     """Empty the database at ``url`` (its public schema dropped and made anew); returns ``url``."""
     import sqlalchemy as sa
 
-    engine = sa.create_engine(url)
+    engine = sa.create_engine(url.replace("//lyre@", "//postgres@", 1))  # (the superuser, on any PostgreSQL)
     with engine.begin() as c:
         c.execute(sa.text("DROP SCHEMA public CASCADE"))
-        c.execute(sa.text("CREATE SCHEMA public"))
+        c.execute(sa.text("CREATE SCHEMA public AUTHORIZATION lyre"))
     engine.dispose()
     return url

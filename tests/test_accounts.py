@@ -28,3 +28,16 @@ def test_api_keys_come_from_the_config_and_empty_ones_are_refused():
     assert Accounts(cfg.server).account("Bearer k2") == "alice"
     with pytest.raises(ConfigError, match="server.api_keys"):
         load_config(None, ["server.api_keys={k1: ' '}"])
+
+
+def test_behind_a_trusted_balancer_the_client_is_the_last_untrusted_forwarded_hop():
+    from lyre.api.common import ClientAddress
+
+    address = ClientAddress(("10.0.0.0/8", "127.0.0.1"))
+    assert address("10.1.2.3", "203.0.113.7") == "203.0.113.7"
+    assert address("10.1.2.3", "198.51.100.1, 203.0.113.7, 10.9.9.9") == "203.0.113.7"  # spoofed first hop ignored
+    assert address("192.0.2.5", "203.0.113.7") == "192.0.2.5"  # an untrusted peer's header means nothing
+    assert address("10.1.2.3", None) == "10.1.2.3" and address("10.1.2.3", "not-an-ip") == "10.1.2.3"
+    assert ClientAddress()("10.1.2.3", "203.0.113.7") == "10.1.2.3"  # none trusted: the peer
+    with pytest.raises(ConfigError, match=r"server.trusted_proxies\[0\]"):
+        load_config(None, ["server.trusted_proxies=[balancer]"])

@@ -114,9 +114,11 @@ def test_rows_older_than_the_retention_are_pruned(database_url):
     assert [r["time"][:10] for r in rows(engine, EPOCH)] == [(now - timedelta(days=89)).date().isoformat()]
 
 
-def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path):
+def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, database_url):
+    database = {} if database_url.startswith("sqlite") else {"voices.database_url": database_url}
+
     async def go():
-        async with service(data_dir=str(tmp_path)) as tts:
+        async with service(data_dir=str(tmp_path), **database) as tts:
             await tts.synthesize("One.", voice="tara")
             await tts.synthesize("Two.", voice="zac", account="bob")
             tts.audit.flush()
@@ -124,7 +126,9 @@ def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path):
     run(go())
 
     def export(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "lyre.audit", "export", "--set", f"data_dir={tmp_path}", *args],
+        where = [f"voices.database_url={database_url}"] if database else []
+        return subprocess.run([sys.executable, "-m", "lyre.audit", "export", "--set", f"data_dir={tmp_path}",
+                               *[x for w in where for x in ("--set", w)], *args],
                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
 
     today = datetime.now(timezone.utc).date().isoformat()

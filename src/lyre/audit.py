@@ -99,10 +99,15 @@ class AuditTrail:
     def entry(self, account: str, voice: str, protocol: str) -> AuditEntry:
         return AuditEntry(self if self.config.enabled else None, account, voice, protocol)
 
+    @property
+    def refusing(self) -> bool:
+        """Whether new syntheses are refused: rows cannot be written and ``audit.required``."""
+        return self.config.enabled and self.config.required and self.error is not None
+
     def check(self) -> None:
         """Raise DatabaseError (503) while rows cannot be written (``audit.required``): no synthesis
         goes unrecorded."""
-        if self.config.enabled and self.config.required and self.error is not None:
+        if self.refusing:
             raise DatabaseError(f"the audit trail cannot be written ({self.error}); new syntheses are refused until "
                                 "it can, so that none goes unrecorded")
 
@@ -111,7 +116,7 @@ class AuditTrail:
         row, from a stream that ended during shutdown, is written at once or logged as lost)."""
         with self._cond:
             if not self._stop:
-                if len(self._rows) >= self.config.max_queued_rows:
+                if not self.config.required and len(self._rows) >= self.config.max_queued_rows:
                     self._rows.popleft()
                     self.dropped += 1
                     if self.dropped == 1 or self.dropped % 1000 == 0:
@@ -171,8 +176,10 @@ class AuditTrail:
                 failed = True
                 reason = _reason(e)
                 if self.error is None:
-                    log.error("audit: cannot write to the database (%s); %d rows kept for retry; new syntheses are "
-                              "refused until it works again", reason, len(batch) + len(self._rows))
+                    log.error("audit: cannot write to the database (%s); %d rows kept for retry; %s", reason,
+                              len(batch) + len(self._rows),
+                              "new syntheses are refused until it works again (audit.required)" if self.config.required
+                              else "syntheses go on (audit.required false), their rows kept")
                 self.error = reason
             if not failed and self.clock() >= next_prune:
                 next_prune = self.clock() + PRUNE_EVERY_S

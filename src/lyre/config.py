@@ -155,6 +155,12 @@ class ServerConfig:
     grpc_port: int = _f(50051, ge=0, le=65535)
     max_body_bytes: int = _f(262144, ge=1024)
     drain_timeout_s: float = _f(10.0, ge=0.0)
+    # on SIGTERM: /ready and the gRPC health say "draining" this long before new requests are refused,
+    # so a balancer polling /ready stops sending first (Kubernetes: the preStop sleep does this)
+    drain_notice_s: float = _f(0.0, ge=0.0, le=600.0)
+    # balancers whose X-Forwarded-For names the client (addresses or CIDRs): the per-client limit and
+    # the consent record's address then count the real client, not the balancer
+    trusted_proxies: tuple[str, ...] = ()
     api_key: str | None = None  # required as "Authorization: Bearer <key>" on /v1/ and gRPC when set
     # API key -> account name: with keys, every request needs one, and sees only its account's cloned
     # voices (api_key, when set too, is one more key, of the account "default")
@@ -421,6 +427,14 @@ def _check_scalar(tp: type, value: Any, key: str, limits: Mapping[str, Any]) -> 
 
 
 def _check_relations(cfg: LyreConfig) -> None:
+    import ipaddress
+
+    for i, proxy in enumerate(cfg.server.trusted_proxies):
+        try:
+            ipaddress.ip_network(proxy, strict=False)
+        except ValueError:
+            raise ConfigError(f"config key 'server.trusted_proxies[{i}]' = {proxy!r} is not an IP address or CIDR "
+                              "network") from None
     s = cfg.scheduler
     if s.max_batch_size > s.max_concurrent_sessions:
         raise ConfigError(

@@ -214,11 +214,15 @@ class TTSService:
 
     def readiness(self) -> str | None:
         """Why this service should not be sent new callers ("unavailable": not running; "full":
-        admission is full, max_concurrent_sessions + max_pending inside), or None when it can take them."""
+        admission is full, max_concurrent_sessions + max_pending inside; "audit_unavailable": the
+        audit trail cannot be written and audit.required refuses syntheses), or None when it can
+        take them."""
         if not self.ready:
             return "unavailable"
         if self.gate.inside >= self.gate.max_active + self.gate.max_pending:
             return "full"
+        if self.audit is not None and self.audit.refusing:
+            return "audit_unavailable"
         return None
 
     @property

@@ -33,16 +33,23 @@ LONG = {"response_format": "pcm", "max_tokens": 2000, "min_tokens": 2000}  # ~24
 @pytest.fixture
 def cluster(postgres):
     url = fresh_schema(postgres.url)
-    replicas = [start_server(f"voices.database_url={url}", "scheduler.max_concurrent_sessions=1",
-                             "scheduler.max_batch_size=1", "scheduler.max_pending=0", "scheduler.reserved_slots=0",
-                             "server.drain_timeout_s=60", "kv_cache.max_seq_len=4096") for _ in range(2)]
-    balancer = haproxy.start([(f"lyre{i + 1}", int(r.http.rsplit(":", 1)[1]), int(r.grpc.rsplit(":", 1)[1]))
-                              for i, r in enumerate(replicas)])
-    yield balancer, replicas
-    balancer.stop()
-    for r in replicas:
-        if r.proc.poll() is None:
-            stop_server(r)
+    replicas, balancer = [], None
+    try:
+        for _ in range(2):  # one slot each; one CPU thread each for the engine and the codec (2 cores here)
+            replicas.append(start_server(
+                f"voices.database_url={url}", "scheduler.max_concurrent_sessions=1", "scheduler.max_batch_size=1",
+                "scheduler.max_pending=0", "scheduler.reserved_slots=0", "server.drain_timeout_s=60",
+                "server.drain_notice_s=1", "server.trusted_proxies=[127.0.0.1]", "kv_cache.max_seq_len=4096",
+                "model.cpu_threads=1", "codec.cpu_threads=1"))
+        balancer = haproxy.start([(f"lyre{i + 1}", int(r.http.rsplit(":", 1)[1]), int(r.grpc.rsplit(":", 1)[1]))
+                                  for i, r in enumerate(replicas)], maxconn=1)
+        yield balancer, replicas
+    finally:
+        if balancer is not None:
+            balancer.stop()
+        for r in replicas:
+            if r.proc.poll() is None:
+                stop_server(r)
 
 
 def sessions(replica) -> int:
@@ -92,6 +99,10 @@ def test_draining_a_replica_finishes_its_streams_and_sends_new_ones_to_the_other
     draining = next(r for r in replicas if active(r) == 1)
     name = f"lyre{replicas.index(draining) + 1}"
     draining.proc.send_signal(signal.SIGTERM)
+    with grpc.insecure_channel(balancer.grpc) as channel:  # at once: during the drain's notice, or elsewhere
+        reply = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(text="Right away."),
+                                                                  timeout=60)
+        assert len(reply.audio) > 0
     balancer.wait_status(name, "DOWN")  # its /ready said no
     for i in range(3):
         r = requests.post(balancer.http + SPEECH, json={"input": f"New caller {i}.", "response_format": "pcm"},

@@ -26,6 +26,7 @@ def until(check, what: str, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     while not (value := check()):
         assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.02)  # (paces the asking: the server it waits on shares the CPU)
     return value
 
 

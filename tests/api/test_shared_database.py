@@ -32,6 +32,7 @@ def until(check, what: str, timeout: float = 60.0):
     deadline = time.monotonic() + timeout
     while not (value := check()):
         assert time.monotonic() < deadline, f"never {what}"
+        time.sleep(0.02)  # (paces the asking: the servers it waits on share the CPU)
     return value
 
 
@@ -95,6 +96,8 @@ def test_with_the_audit_required_a_database_down_refuses_synthesis_instead_of_lo
                   "refused")
             refused = requests.post(srv.http + SPEECH, json={"input": "Refused."}, timeout=60)
             assert refused.status_code == 503 and "audit trail cannot be written" in refused.json()["error"]["message"]
+            ready = requests.get(srv.http + "/ready", timeout=10)  # no new callers for a replica that refuses them
+            assert ready.status_code == 503 and ready.json()["reason"] == "audit_unavailable"
         finally:
             postgres.start()
         until(lambda: requests.post(srv.http + SPEECH, json={"input": "Back.", "response_format": "pcm"},

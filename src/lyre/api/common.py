@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -145,13 +146,42 @@ def peer_address(peer: str) -> str:
     return host[1:-1] if host.startswith("[") else host
 
 
+class ClientAddress:
+    """The client's address: the peer's, or, when the peer is a trusted balancer
+    (``server.trusted_proxies``), the last X-Forwarded-For hop that is not one."""
+
+    def __init__(self, trusted: tuple[str, ...] = ()):
+        self.networks = [ipaddress.ip_network(t, strict=False) for t in trusted]
+
+    def _trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in n for n in self.networks)
+
+    def __call__(self, peer: str | None, forwarded_for: str | None) -> str | None:
+        if not self.networks or not peer or not forwarded_for or not self._trusted(peer):
+            return peer
+        hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
+        for hop in reversed(hops):
+            if not self._trusted(hop):
+                try:
+                    return str(ipaddress.ip_address(hop))
+                except ValueError:
+                    return peer  # not an address: a client's own invention, not the balancer's
+        return peer
+
+
 class InFlight:
     """The requests being served (every front end's), so a shutdown can wait for them (no polling)
     and then cancel the rest; ``on_drain`` callbacks run when draining starts (idle WebSockets close
-    then). ``clients`` counts them per client address."""
+    then). ``clients`` counts them per client address (``address`` finds it behind a balancer)."""
 
-    def __init__(self, max_per_client: int = 0) -> None:
+    def __init__(self, max_per_client: int = 0, trusted_proxies: tuple[str, ...] = ()) -> None:
         self.clients = Clients(max_per_client)
+        self.address = ClientAddress(trusted_proxies)
+        self.announced = False  # a drain is coming: /ready says so, requests are still taken
         self.draining = False
         self._tasks: set[asyncio.Task] = set()
         self._idle = asyncio.Event()
@@ -178,6 +208,10 @@ class InFlight:
             callback()
         self._on_drain.add(callback)
         return lambda: self._on_drain.discard(callback)
+
+    def announce_drain(self) -> None:
+        """Tell balancers (``/ready``, gRPC health) before refusing anything (server.drain_notice_s)."""
+        self.announced = True
 
     def start_draining(self) -> None:
         self.draining = True

@@ -123,13 +123,14 @@ class Servicer:
         if isinstance(request, Undecodable):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"the request is not a valid {request.type_name} message: {request.error}")
-        account = self.accounts.account(dict(context.invocation_metadata()).get("authorization"))
+        metadata = dict(context.invocation_metadata())
+        account = self.accounts.account(metadata.get("authorization"))
         if account is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key (authorization: Bearer <key>)")
         if self.inflight.draining:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
         try:
-            address = self.inflight.clients.enter(peer_address(context.peer()))
+            address = self.inflight.clients.enter(self.client_address(context, metadata))
         except TooManyConnections as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         try:
@@ -144,6 +145,12 @@ class Servicer:
                     raise
         finally:
             self.inflight.clients.leave(address)
+
+
+    def client_address(self, context: grpc.aio.ServicerContext, metadata: dict | None = None) -> str | None:
+        """The caller's address (behind a trusted balancer: its x-forwarded-for)."""
+        metadata = dict(context.invocation_metadata()) if metadata is None else metadata
+        return self.inflight.address(peer_address(context.peer()), metadata.get("x-forwarded-for"))
 
 
 class TextToSpeech(VoiceMethods, Servicer):
@@ -310,16 +317,22 @@ READY_POLL_S = 0.25
 async def follow_readiness(service: TTSService, inflight: InFlight, health: HealthServicer) -> None:
     """Keep the gRPC health of the synthesis services (``lyre.v1.TextToSpeech``, Riva's) equal to
     ``/ready``: NOT_SERVING while admission is full, SERVING when there is room again (checked every
-    READY_POLL_S). The server's own status, ``""``, is liveness: SERVING until the drain, which sets
-    everything NOT_SERVING for good."""
+    READY_POLL_S), NOT_SERVING from the drain's notice on. The server's own status, ``""``, is
+    liveness: SERVING while the engine runs (NOT_SERVING if its loop stops), until the drain."""
     from lyre.api import riva
 
+    status = {True: health_pb2.HealthCheckResponse.SERVING, False: health_pb2.HealthCheckResponse.NOT_SERVING}
     serving: bool | None = None
-    while not inflight.draining:
+    alive: bool | None = True
+    while not inflight.draining and not inflight.announced:
         now = service.readiness() is None
         if now != serving:
-            status = health_pb2.HealthCheckResponse.SERVING if now else health_pb2.HealthCheckResponse.NOT_SERVING
             for name in (SERVICE_NAME, riva.SERVICE_NAME):
-                await health.set(name, status)
+                await health.set(name, status[now])
             serving = now
+        if service.ready != alive:  # the engine loop stopped: liveness fails, the orchestrator restarts
+            alive = service.ready
+            await health.set("", status[alive])
         await asyncio.sleep(READY_POLL_S)
+    for name in (SERVICE_NAME, riva.SERVICE_NAME):  # draining (or about to): no new callers
+        await health.set(name, status[False])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from lyre.api.common import peer_address
 from lyre.errors import InvalidRequest
 from lyre.v1 import tts_pb2
 from lyre.voices.registry import Voice
@@ -25,7 +24,7 @@ class VoiceMethods:
             consent = ({f.name: v for f, v in request.consent.ListFields()} if request.HasField("consent") else None)
             voice = await self.service.voices.enroll(request.audio, name=request.name, transcript=request.transcript,
                                                      consent=consent, account=account,
-                                                     address=peer_address(context.peer()))
+                                                     address=self.client_address(context))
             return _cloned(voice)
 
     async def GetVoice(self, request, context):

@@ -108,8 +108,9 @@ async def clients_middleware(request: web.Request, handler):
     """At most ``server.max_connections_per_client`` open requests and sockets per client address."""
     if not request.path.startswith("/v1/"):
         return await handler(request)
-    clients = request.app[INFLIGHT].clients
-    address = clients.enter(request.remote)
+    inflight = request.app[INFLIGHT]
+    clients = inflight.clients
+    address = clients.enter(inflight.address(request.remote, request.headers.get("X-Forwarded-For")))
     try:
         return await handler(request)
     finally:
@@ -299,7 +300,8 @@ async def health(request: web.Request) -> web.Response:
 async def ready(request: web.Request) -> web.Response:
     """Readiness, "send me new callers": 503 while draining, when admission is full, or not running."""
     service = request.app[SERVICE]
-    reason = "draining" if request.app[INFLIGHT].draining else service.readiness()
+    inflight = request.app[INFLIGHT]
+    reason = "draining" if inflight.draining or inflight.announced else service.readiness()
     stats = service.stats()
     sch = stats.get("scheduler", {})
     body = {"ready": reason is None, "reason": reason, "active_sessions": sch.get("active_sessions", 0),

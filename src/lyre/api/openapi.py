@@ -137,7 +137,8 @@ class Stats(BaseModel):
 
 class Ready(_Shape):
     ready: bool
-    reason: Literal["draining", "full", "unavailable"] | None = Field(description="why not (None when ready)")
+    reason: Literal["draining", "full", "unavailable", "audit_unavailable"] | None = Field(
+        description="why not (None when ready)")
     active_sessions: int
     pending_sessions: int
     capacity: int = Field(description="KV slots (scheduler.max_concurrent_sessions)")

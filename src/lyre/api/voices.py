@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from lyre.api.common import json_object
-from lyre.api.http import ACCOUNT, SERVICE, draining
+from lyre.api.http import ACCOUNT, INFLIGHT, SERVICE, draining
 from lyre.errors import InvalidRequest, UploadTooLarge
 from lyre.voices.registry import Voice
 
@@ -79,7 +79,9 @@ async def enroll(request: web.Request) -> web.Response:
     if consent is not None:
         consent = json_object(consent, "'consent'")
     voice = await service.voices.enroll(form.get("audio", b""), name=form.get("name"), transcript=form.get("transcript"),
-                                        consent=consent, account=account, address=request.remote)
+                                        consent=consent, account=account,
+                                        address=request.app[INFLIGHT].address(request.remote,
+                                                                              request.headers.get("X-Forwarded-For")))
     return web.json_response(voice.summary(), status=201, headers={"Location": f"/v1/voices/{voice.id}"})
 
 
