@@ -347,3 +347,28 @@ def test_segments_generate_in_order_and_the_next_prefills_early():
     assert done(events).outcome == "finished"
     assert sum(len(c.pcm) for c in chunks) == 3 * 3 * 2048  # 21 tokens = 3 frames per segment
     assert [c.offset for c in chunks] == [sum(len(x.pcm) for x in chunks[:i]) for i in range(len(chunks))]
+
+
+def test_a_piece_generated_ahead_waits_for_its_turn_without_being_a_slow_consumer():
+    """An utterance's next piece is generated while the one before it is heard: nobody reads it for
+    as long as that piece plays (longer than consumer_timeout_s here). Its listener starts at its
+    first read, so it waits (throttled at max_buffer_s) instead of being cut off."""
+    sch, engine, clock, gate = make(capacity=2, tokens=7 * 300, consumer_timeout_s=2.0, max_buffer_s=1.0)
+    heard, heard_events = open_session(sch, gate, clock, "heard", reads=False)
+    ahead, ahead_events = open_session(sch, gate, clock, "ahead", reads=False)
+    ahead.listen_on_read = True
+    listen(sch, clock, heard, seconds=8.0)  # the first piece plays for 8 s, read at playback speed
+    assert ahead.status == "active" and done(ahead_events) is None and ahead.throttled  # waiting, not cut off
+    assert ahead.unread_seconds <= 1.0 + 8 * 2048 / 24000 and ahead.late_chunks == 0
+    listen(sch, clock, ahead, seconds=40.0)  # its turn: read at playback speed to the end
+    assert done(ahead_events).outcome == "finished" and ahead.audio_samples == 300 * 2048
+
+
+def test_a_piece_whose_turn_came_is_held_to_its_listener_like_any_stream():
+    sch, engine, clock, gate = make(capacity=2, tokens=10_000, consumer_timeout_s=2.0, max_buffer_s=1.0)
+    piece, events = open_session(sch, gate, clock, "piece", reads=False)
+    piece.listen_on_read = True
+    run(sch, clock, 100)
+    piece.consumed_samples = 2048  # read once: its listener is playing now ...
+    listen(sch, clock, piece, seconds=10.0, speed=0.0)  # ... and it reads nothing more
+    assert done(events).reason == "slow_consumer"

@@ -240,7 +240,7 @@ class AudioPipeline:
     def _send(self, s: Session, pcm: np.ndarray, now: float, segment_start: bool, segment_end: bool) -> None:
         if len(s.segments) > 1:
             _fade_segment_edges(pcm, s.current > 0 and segment_start, s.current < len(s.segments) - 1 and segment_end)
-        late = s.first_audio_at is not None and s.playing_at(now) > s.audio_seconds
+        late = s.clock_at is not None and s.playing_at(now) > s.audio_seconds
         if s.first_audio_at is None:
             s.start_clock(now)
             if self.metrics is not None:

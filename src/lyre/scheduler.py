@@ -186,7 +186,7 @@ class Scheduler:
         """Its client is more than consumer_timeout_s behind its listener's clock, or, while behind it,
         has read nothing for that long since audio was there to read (a client that read ahead may
         pause; one whose server was slow to produce its next chunk is not slow itself)."""
-        if s.first_audio_at is None or s.unread_seconds <= 0:
+        if s.clock_at is None or s.unread_seconds <= 0:  # (not being listened to yet: a piece ahead)
             return False
         behind, limit = s.behind_s(), self.cfg.consumer_timeout_s
         idle = now - max(s.last_read_at, s.unread_since or s.last_read_at)

@@ -261,6 +261,7 @@ class TTSService:
             sampling=params,
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=time.monotonic(),
+            listen_on_read=not owns_audit,  # a piece of an utterance: heard once the pieces before it are
         )
         if not self._loop.post(lambda: self.scheduler.submit(session)):
             self.gate.leave()

@@ -74,6 +74,9 @@ class Session:
     first_token_at: float | None = None
     last_token_at: float | None = None
     throttled: bool = False  # not generating: its client holds scheduler.max_buffer_s of unread audio
+    # a piece of an utterance: generated ahead while the piece before it is heard, so its listener
+    # starts at its first read, not at its first chunk (until then it is no one's to be late for)
+    listen_on_read: bool = False
     # delivery (audio pipeline)
     current: int = 0  # segment whose audio is being emitted
     first_audio_at: float | None = None
@@ -115,12 +118,17 @@ class Session:
         return f"{self.session_id}#{k}"
 
     def start_clock(self, now: float) -> None:
-        """The first chunk is out: the listener starts playing."""
-        self.first_audio_at = self.clock_at = self.last_read_at = now
+        """The first chunk is out: the listener starts playing (a piece generated ahead: once read)."""
+        self.first_audio_at = now
+        if not self.listen_on_read:
+            self.clock_at = self.last_read_at = now
 
     def tick(self, now: float) -> None:
         """Advance the listener's clock to ``now`` and note whether the client read anything since."""
         if self.clock_at is None:
+            if self.first_audio_at is not None and self.consumed_samples > 0:  # its turn came: it is heard now
+                self.clock_at = self.last_read_at = now
+                self._seen_consumed = self.consumed_samples
             return
         dt, self.clock_at = max(0.0, now - self.clock_at), now
         if self.throttled:  # the client is the reason it waits: its clock runs on
