@@ -1,42 +1,54 @@
 """A real HAProxy in front of Lyre replicas, for the tests (Debian's ``haproxy``, which
 ``./setup.sh --with-test-services`` installs when missing). The configuration is the one
-``deploy/compose/haproxy.cfg`` ships, with the test's ports put in (see :func:`config`)."""
+``deploy/compose/haproxy.cfg`` ships, with the test's sockets put in (see :func:`config`).
+
+Nothing here polls: the listening sockets are bound before HAProxy starts (it inherits them, so a
+client may connect at once), and HAProxy's log says when a health check turns a replica UP or
+DOWN (:meth:`Balancer.wait_status` waits for that line)."""
 
 from __future__ import annotations
 
-import csv
-import io
+import re
 import shutil
+import socket
 import subprocess
 import tempfile
-import time
-import urllib.request
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .conftest import REPO_ROOT
-from .postgres import free_port
 
 TEMPLATE = REPO_ROOT / "deploy" / "compose" / "haproxy.cfg"
+BACKENDS = ("lyre_http", "lyre_grpc")
+CHANGE = re.compile(r"Server (\S+)/(\S+) is (UP|DOWN)\b")  # e.g. "Server lyre_http/lyre1 is DOWN, reason: ..."
 
 
-def config(http_port: int, grpc_port: int, stats_port: int, replicas: list[tuple[str, int, int]],
-           maxconn: int = 96) -> str:
-    """``deploy/compose/haproxy.cfg`` bound to loopback ports, its server lines for ``replicas``
-    ((name, http port, grpc port) on 127.0.0.1) instead of the compose service names (no DNS), each
-    replica's ``maxconn`` its admission limit."""
+def binary() -> str:
+    """The haproxy executable (Debian puts it in /usr/sbin, which a user's PATH may lack)."""
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        raise RuntimeError("HAProxy is not installed (./setup.sh --with-test-services installs Debian's haproxy)")
+    return found
+
+
+def config(http_fd: int, grpc_fd: int, stats_fd: int, replicas: list[tuple[str, int, int]],
+           maxconn: list[int]) -> str:
+    """``deploy/compose/haproxy.cfg`` listening on inherited sockets, its server lines for
+    ``replicas`` ((name, http port, grpc port) on 127.0.0.1) instead of the compose service names (no
+    DNS), each replica's ``maxconn`` its admission limit."""
     text = TEMPLATE.read_text().replace(" resolvers docker init-addr last,libc,none", "")
-    text = text.replace(" maxconn 96", f" maxconn {maxconn}")
-    text = text.replace("bind :8000", f"bind 127.0.0.1:{http_port}").replace(
-        "bind :50051", f"bind 127.0.0.1:{grpc_port}").replace("bind :8404", f"bind 127.0.0.1:{stats_port}")
-    http = "".join(f"    server {n} 127.0.0.1:{h} check\n" for n, h, _ in replicas) + "".join(
-        f"    server {n}-any 127.0.0.1:{h} backup\n" for n, h, _ in replicas)
-    grpc = "".join(f"    server {n} 127.0.0.1:{g} proto h2 check port {h} check-proto h1\n" for n, h, g in replicas) + \
+    text = text.replace("bind :8000", f"bind fd@{http_fd}").replace(
+        "bind :50051", f"bind fd@{grpc_fd}").replace("bind :8404", f"bind fd@{stats_fd}")
+    http = "".join(f"    server {n} 127.0.0.1:{h} check maxconn {m}\n" for (n, h, _), m in zip(replicas, maxconn, strict=True)) + \
+        "".join(f"    server {n}-any 127.0.0.1:{h} backup\n" for n, h, _ in replicas)
+    grpc = "".join(f"    server {n} 127.0.0.1:{g} proto h2 check port {h} check-proto h1 maxconn {m}\n"
+                   for (n, h, g), m in zip(replicas, maxconn, strict=True)) + \
         "".join(f"    server {n}-any 127.0.0.1:{g} proto h2 backup\n" for n, _, g in replicas)
-    start, end = "    # replicas (http) begin\n", "    # replicas (http) end\n"
-    text = text[: text.index(start) + len(start)] + http + text[text.index(end):]
-    start, end = "    # replicas (grpc) begin\n", "    # replicas (grpc) end\n"
-    return text[: text.index(start) + len(start)] + grpc + text[text.index(end):]
+    for backend, lines in (("http", http), ("grpc", grpc)):
+        start, end = f"    # replicas ({backend}) begin\n", f"    # replicas ({backend}) end\n"
+        text = text[: text.index(start) + len(start)] + lines + text[text.index(end):]
+    return text
 
 
 @dataclass
@@ -44,24 +56,33 @@ class Balancer:
     proc: subprocess.Popen
     http: str
     grpc: str
-    stats: str
     folder: Path
+    log: list[str] = field(default_factory=list)
+    states: dict[tuple[str, str], str] = field(default_factory=dict)  # (backend, server) -> UP / DOWN
+    changed: threading.Condition = field(default_factory=threading.Condition)
+    ended: bool = False
 
-    def servers(self) -> dict[tuple[str, str], dict[str, str]]:
-        """HAProxy's own view, from its stats CSV: (backend, server) -> row (status, scur, stot, ...)."""
-        with urllib.request.urlopen(self.stats + "/stats;csv", timeout=10) as r:
-            rows = csv.DictReader(io.StringIO(r.read().decode().lstrip("# ")))
-            return {(row["pxname"], row["svname"]): row for row in rows if row["svname"] not in ("FRONTEND", "BACKEND")}
+    def follow(self) -> None:
+        """(Its own thread.) Read HAProxy's output; keep each server's last announced state."""
+        for line in self.proc.stdout:
+            with self.changed:
+                self.log.append(line)
+                if m := CHANGE.search(line):
+                    self.states[(m[1], m[2])] = m[3]
+                    self.changed.notify_all()
+        with self.changed:
+            self.ended = True
+            self.changed.notify_all()
 
     def wait_status(self, server: str, status: str, timeout: float = 30.0) -> None:
-        """Ask HAProxy until both of ``server``'s backends report ``status`` (UP or DOWN)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            states = {b: row["status"] for (b, s), row in self.servers().items() if s == server}  # (checked lines)
-            if states and all(v.startswith(status) for v in states.values()):
-                return
-            assert time.monotonic() < deadline, f"{server} never {status}: {states}"
-            time.sleep(0.02)  # (paces the polling: the replicas it waits on share the CPU)
+        """Wait until HAProxy announces ``server`` ``status`` (UP or DOWN) in both backends. (Servers
+        start UP: HAProxy announces changes only.)"""
+        def reached() -> bool:
+            return self.ended or all(self.states.get((b, server), "UP") == status for b in BACKENDS)
+
+        with self.changed:
+            assert self.changed.wait_for(reached, timeout) and not self.ended, \
+                f"{server} never {status}: {self.states}\n{''.join(self.log[-20:])}"
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -72,23 +93,28 @@ class Balancer:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def start(replicas: list[tuple[str, int, int]], maxconn: int = 96) -> Balancer:
-    binary = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
-    if binary is None:
-        raise RuntimeError("HAProxy is not installed (./setup.sh --with-test-services installs Debian's haproxy)")
-    http, grpc, stats = free_port(), free_port(), free_port()
+def listening() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(128)
+    return s
+
+
+def start(replicas: list[tuple[str, int, int]], maxconn: list[int]) -> Balancer:
+    """HAProxy in front of ``replicas``, ``maxconn[i]`` the admission limit of the i-th."""
+    http, grpc, stats = (listening() for _ in range(3))
+    fds = tuple(s.fileno() for s in (http, grpc, stats))
     path = Path(tempfile.mkdtemp(prefix="lyre-haproxy-")) / "haproxy.cfg"
-    path.write_text(config(http, grpc, stats, replicas, maxconn))
-    check = subprocess.run([binary, "-c", "-f", str(path)], capture_output=True, text=True)
-    assert check.returncode == 0, check.stdout + check.stderr
-    proc = subprocess.Popen([binary, "-db", "-f", str(path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    balancer = Balancer(proc, f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{stats}", path.parent)
-    deadline = time.monotonic() + 30
-    while True:  # ask until it listens and has checked every replica
-        try:
-            if all(row["status"].startswith("UP") for (_, s), row in balancer.servers().items() if "-any" not in s):
-                return balancer
-        except OSError:
-            pass
-        assert proc.poll() is None, "haproxy exited"
-        assert time.monotonic() < deadline, "haproxy did not come up"
+    path.write_text(config(*fds, replicas, maxconn))
+    try:
+        check = subprocess.run([binary(), "-c", "-f", str(path)], capture_output=True, text=True, pass_fds=fds)
+        assert check.returncode == 0, check.stdout + check.stderr
+        proc = subprocess.Popen([binary(), "-db", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, pass_fds=fds)
+        balancer = Balancer(proc, f"http://127.0.0.1:{http.getsockname()[1]}",
+                            f"127.0.0.1:{grpc.getsockname()[1]}", path.parent)
+    finally:
+        for s in (http, grpc, stats):  # (HAProxy holds its own copies)
+            s.close()
+    threading.Thread(target=balancer.follow, name="haproxy-log", daemon=True).start()
+    return balancer

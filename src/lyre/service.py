@@ -303,21 +303,25 @@ class TTSService:
         return utterance
 
     async def _sweep_deleted_voices(self) -> None:
-        """Every ``voices.sweep_s``: kept prefixes of voices deleted elsewhere (another replica sharing
-        the database) are dropped here too. (A deletion through this process drops them at once.)"""
+        """Every ``voices.sweep_s``: :meth:`_sweep_once`."""
         while True:
             await asyncio.sleep(self.config.voices.sweep_s)
             try:
-                kept = await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
-                ids = {key.split(":", 1)[0] for key in kept}
-                if ids:
-                    for gone in ids - await asyncio.to_thread(self.voices.registry.existing, ids):
-                        log.info("voice %s was deleted elsewhere: its kept prefix is dropped", gone)
-                        self.voices.forget(gone)
+                await self._sweep_once()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - the database is away: try again next time
                 log.warning("could not check kept prefixes against the voices database: %s", e)
+
+    async def _sweep_once(self) -> None:
+        """Kept prefixes of voices deleted elsewhere (another replica sharing the database) are
+        dropped here too. (A deletion through this process drops them at once.)"""
+        kept = await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
+        ids = {key.split(":", 1)[0] for key in kept}
+        if ids:
+            for gone in ids - await asyncio.to_thread(self.voices.registry.existing, ids):
+                log.info("voice %s was deleted elsewhere: its kept prefix is dropped", gone)
+                self.voices.forget(gone)
 
     def _forget_voice(self, voice_id: str) -> None:
         """A deleted voice's kept prefix leaves the engine at its next step."""

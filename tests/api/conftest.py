@@ -10,8 +10,10 @@ import time
 import urllib.request
 from dataclasses import dataclass
 
+import grpc
 import numpy as np
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from lyre.benchmarks.servers import ManagedServer, free_port  # noqa: F401  (free_port is used by tests)
 
@@ -67,6 +69,44 @@ def start_server(*overrides: str) -> Server:
         f"sampling.min_tokens={MAX_TOKENS}", "codec.noise=false", "scheduler.max_concurrent_sessions=8",
         "scheduler.max_batch_size=8", "kv_cache.max_seq_len=1024", f"data_dir={data_dir}", *overrides)).__enter__()
     return Server(managed.proc, managed.http, managed.grpc, managed.log_path, data_dir)
+
+
+SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def grpc_health(srv: Server, service: str = "lyre.v1.TextToSpeech") -> int:
+    """The gRPC health status of ``service`` ("" is the server's own)."""
+    with grpc.insecure_channel(srv.grpc) as channel:
+        return health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=service),
+                                                         timeout=10).status
+
+
+class HealthWatch:
+    """The gRPC health Watch stream of one ``service`` of ``srv``: the server tells of each change of
+    its status (readiness, which /ready answers, turns it: full, room, audit trail, drain).
+    :meth:`until` waits for the next change to ``status``. (One stream for a whole test: grpcio's
+    health servicer forgets the other watchers of a service when one of its streams ends.)"""
+
+    def __init__(self, srv: Server, service: str = "lyre.v1.TextToSpeech", timeout: float = 180.0):
+        self.service = service or "the server"
+        self.channel = grpc.insecure_channel(srv.grpc)
+        self.changes = health_pb2_grpc.HealthStub(self.channel).Watch(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+
+    def until(self, status: int) -> None:
+        try:
+            for reply in self.changes:
+                if reply.status == status:
+                    return
+        except grpc.RpcError as e:
+            raise AssertionError(f"{self.service} never {status}: {e.code()}") from None
+        raise AssertionError(f"the health watch of {self.service} ended before {status}")
+
+    def __enter__(self) -> HealthWatch:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.channel.close()
 
 
 def stop_server(server: Server) -> int:

@@ -179,3 +179,19 @@ def test_a_deleted_voice_held_as_an_object_is_refused_and_its_prefix_not_kept_ag
 
     rest, kept = run(go())
     assert len(rest) > 0 and kept == 0
+
+
+def test_a_voice_deleted_by_another_replica_leaves_this_ones_kept_prefixes_at_the_sweep():
+    async def go():
+        async with service() as tts:
+            v = await tts.voices.enroll(clip(3.5), name="Ann", transcript=TRANSCRIPT, consent=CONSENT)
+            await tts.synthesize("Kept.", voice=v.id)
+            kept = await tts.on_engine_thread(lambda: tts.scheduler.engine.kept_prefixes())
+            tts.voices.registry.delete(v.id, v.owner)  # the shared database's row, as another replica deletes it
+            await tts._sweep_once()
+            with pytest.raises(UnknownVoice):
+                tts.stream("Hello", voice=v)  # the object held here is refused too
+            return kept, await tts.on_engine_thread(lambda: tts.scheduler.engine.kept_prefixes())
+
+    kept, after = run(go())
+    assert len(kept) == 1 and after == []
