@@ -35,8 +35,7 @@ import logging
 import sys
 from pathlib import Path
 
-from lyre import checkpoint
-from lyre.audio import FORMATS
+from lyre.audio.formats import FORMATS
 from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import scaling
@@ -45,6 +44,7 @@ from lyre.benchmarks import soak as soak_bench
 from lyre.benchmarks import watermark as watermark_bench
 from lyre.benchmarks.load import parse_slo
 from lyre.config import ConfigError, add_config_arguments, config_from_args
+from lyre.model import checkpoint
 
 
 def _int_list(text: str) -> list[int]:

@@ -18,10 +18,10 @@ import logging
 import sys
 from dataclasses import replace
 
-from lyre.build import BuildError, build_trtllm_engine, format_plan, plan_build, prepare_torch
-from lyre.checkpoint import CheckpointError
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 from lyre.engine.backend import probe_environment
+from lyre.model.checkpoint import CheckpointError
+from lyre.tools.build import BuildError, build_trtllm_engine, format_plan, plan_build, prepare_torch
 
 TORCH_HINT = (
     "To serve without TensorRT-LLM, use the PyTorch backend:\n"

@@ -9,7 +9,7 @@
 # torch 2.9.1 built for CUDA 13.0 from PyTorch's cu130 index, then the project with its dev and
 # trt extras (tensorrt-llm==1.2.1 from https://pypi.nvidia.com), torch held at that build.
 # pyproject.toml's ranges intersect TensorRT-LLM 1.2.1's published requirements
-# (tests/test_install.py checks them against tests/trtllm_api/requirements-1.2.1.json).
+# (tests/deploy/test_install.py checks them against tests/support/trtllm_api/requirements-1.2.1.json).
 #
 # Idempotent: a second run with nothing changed only checks and takes seconds.
 # --with-test-services: also install the OS packages the test suite needs when missing (Debian's
@@ -163,7 +163,7 @@ if [ ! -f "$stub" ] || [ "$(cat "$stub_stamp" 2>/dev/null)" != "$stub_id" ]; the
 fi
 
 say "preparing the default model"
-.venv/bin/python -m lyre.checkpoint resolve || fail "could not prepare the default model"
+.venv/bin/lyre checkpoint resolve || fail "could not prepare the default model"
 say "preparing the codec (the first time: exports the streaming decoder for its runtime, ~30 s)"
-.venv/bin/python -m lyre.codec prepare 2>&1 | tail -n 1 || fail "could not prepare the codec"
+.venv/bin/lyre codec prepare 2>&1 | tail -n 1 || fail "could not prepare the codec"
 say "done"

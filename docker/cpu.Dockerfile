@@ -40,7 +40,7 @@ RUN mkdir -p models engines && chown -R lyre:lyre /app
 USER lyre
 # the default model (the demo checkpoint where no real weights are present) and the streaming
 # codec exported for ONNX Runtime (~30 s), so the first start is quick
-RUN python -m lyre.checkpoint resolve && python -m lyre.codec prepare
+RUN lyre checkpoint resolve && lyre codec prepare
 VOLUME ["/app/models", "/app/engines"]
 
 EXPOSE 8000 50051

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from lyre import checkpoint, demo
 from lyre.config import load_config
+from lyre.model import checkpoint, demo
+from tests.support.paths import CONFIG_PATH, REPO_ROOT
 
 # CI (CI=true) replays a fixed set of examples so a landing is reproducible; local runs keep exploring
 # new ones and store any failure in .hypothesis/ for the next run.
@@ -18,8 +19,6 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFIG_PATH = REPO_ROOT / "config" / "model_config.yaml"
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +49,8 @@ def _quiet_lyre_logs(caplog):
 
 @pytest.fixture(scope="session")
 def postgres():
-    """A throwaway PostgreSQL server for the whole run (tests/postgres.py)."""
-    from . import postgres as pg
+    """A throwaway PostgreSQL server for the whole run (tests/support/postgres.py)."""
+    from tests.support import postgres as pg
 
     server = pg.create()
     yield server
@@ -63,6 +62,6 @@ def database_url(request, tmp_path) -> str:
     """An empty database of each kind the registry and audit trail run on."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'lyre.db'}"
-    from .postgres import fresh_schema
+    from tests.support.postgres import fresh_schema
 
     return fresh_schema(request.getfixturevalue("postgres").url)  # a clean schema for every test

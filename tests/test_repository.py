@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from .conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 
 def readme_test_command() -> str:

@@ -8,7 +8,7 @@ __all__ = ["TTSService", "AudioChunk", "Audio", "__version__"]
 def __getattr__(name: str):
     # The library API, imported on first use so `import lyre.config` stays light.
     if name in ("TTSService", "AudioChunk", "Audio"):
-        from lyre import service
+        from lyre.service import tts
 
-        return getattr(service, name)
+        return getattr(tts, name)
     raise AttributeError(f"module 'lyre' has no attribute {name!r}")

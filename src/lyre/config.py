@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 import yaml
 
-from lyre.options import SamplingOptions, describe_range, limits_of
-from lyre.orpheus import OPENAI_VOICE_ALIASES, RIVA_SUBVOICES, VOICES
+from lyre.model.orpheus import OPENAI_VOICE_ALIASES, RIVA_SUBVOICES, VOICES
+from lyre.service.options import SamplingOptions, describe_range, limits_of
 
 DEFAULT_CONFIG_PATH = Path("config/model_config.yaml")
 
@@ -103,7 +103,7 @@ class KVCacheConfig:
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """Defaults of every request's sampling; their limits are the request options' (lyre.options)."""
+    """Defaults of every request's sampling; their limits are the request options' (lyre.service.options)."""
 
     temperature: float = _f(0.6, **limits_of(SamplingOptions, "temperature"))
     top_p: float = _f(0.8, **limits_of(SamplingOptions, "top_p"))
@@ -204,7 +204,7 @@ class AuditConfig:
 
 @dataclass(frozen=True)
 class WatermarkConfig:
-    """The mark on every output (:mod:`lyre.watermark`) and ``POST /v1/audio/verify``."""
+    """The mark on every output (:mod:`lyre.audio.watermark`) and ``POST /v1/audio/verify``."""
 
     enabled: bool = True
     key: str = "lyre-watermark-v1"  # set your own: whoever knows the key can detect (and remove) the mark
@@ -541,22 +541,3 @@ def config_from_args(args: argparse.Namespace) -> LyreConfig:
     if path is None and DEFAULT_CONFIG_PATH.is_file():
         path = DEFAULT_CONFIG_PATH
     return load_config(path, args.overrides)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m lyre.config",
-        description="Validate a Lyre config and print it with every override and default applied.",
-    )
-    add_config_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-    except ConfigError as e:
-        parser.exit(2, f"error: {e}\n")
-    print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

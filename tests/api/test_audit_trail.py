@@ -1,5 +1,5 @@
 """Every synthesis on every protocol leaves its audit row on the real server (read back with
-``python -m lyre.audit export``)."""
+``python -m lyre.trust.audit export``)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,11 @@ from openai import OpenAI
 from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-
-from ..conftest import REPO_ROOT
+from tests.support.paths import REPO_ROOT
 
 
 def exported(server) -> list[dict]:
-    run = subprocess.run([sys.executable, "-m", "lyre.audit", "export", "--set", f"data_dir={server.data_dir}",
+    run = subprocess.run([sys.executable, "-m", "lyre", "audit", "export", "--set", f"data_dir={server.data_dir}",
                           "--since", datetime.now(timezone.utc).date().isoformat(), "--format", "jsonl"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert run.returncode == 0, run.stderr

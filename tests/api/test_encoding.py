@@ -10,10 +10,9 @@ import aiohttp
 from aiohttp import web
 
 from lyre.api.common import InFlight
-from lyre.api.http import create_app
-from lyre.audio import AudioEncoder
-
-from ..test_service import run, service
+from lyre.api.http.app import create_app
+from lyre.audio.formats import AudioEncoder
+from tests.support.services import run, service
 
 
 def test_a_stalled_mp3_encoder_does_not_hold_up_a_pcm_stream(monkeypatch):

@@ -12,9 +12,8 @@ import pytest
 import websockets
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-
-from .conftest import start_server, stop_server
-from .test_ws import until_done, ws_url
+from tests.support.servers import start_server, stop_server
+from tests.support.ws import until_done, ws_url
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import time
 
 import aiohttp
 
-from .conftest import start_server, stop_server
+from tests.support.servers import start_server, stop_server
 
 TOKENS = 7 * 60  # 60 frames: 5.1 s of audio, longer than every timeout below
 BYTES_PER_S = 48_000  # 24 kHz s16le: playback speed

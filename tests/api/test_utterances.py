@@ -14,9 +14,8 @@ import pytest
 import websockets
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-
-from .conftest import MAX_TOKENS
-from .test_ws import until_done, ws_url
+from tests.support.servers import MAX_TOKENS
+from tests.support.ws import until_done, ws_url
 
 # appends (str) and flushes (None), as an LLM and its caller would send them
 SEQUENCE = ["Sure, ", "I can help with that", ". Dr. Smith will call", " you at 5 p.m. today. And", None,

@@ -15,14 +15,11 @@ from openai import OpenAI
 from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-
-from ..voices.audio_files import audio_file, speechlike
-from .conftest import MAX_TOKENS, start_server, stop_server
+from tests.support.audio_files import audio_file, speechlike
+from tests.support.servers import MAX_TOKENS, start_server, stop_server
+from tests.support.voices import CONSENT, TRANSCRIPT
 
 ALICE, BOB = "key-alice-0123456789", "key-bob-9876543210"
-CONSENT = {"granted": True, "speaker": "Ann Example", "source": "recorded_with_permission",
-           "statement": "Signed release form, 2026-11-01."}
-TRANSCRIPT = "The quick brown fox jumps over the lazy dog."
 PCM_BYTES = MAX_TOKENS // 7 * 2048 * 2
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lyre import checkpoint
 from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime
 from lyre.codec import onnx as codec_onnx
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac
 from lyre.config import load_config
-
-from ..conftest import REPO_ROOT
-from .conftest import F, feed, offline, random_frames
+from lyre.model import checkpoint
+from tests.support.codec import F, feed, offline, random_frames
+from tests.support.paths import REPO_ROOT
 
 CACHE = REPO_ROOT / "models" / "codec-onnx"  # shared with the servers the other tests start
 
@@ -72,13 +71,13 @@ def test_prepare_exports_what_the_configured_runtime_needs():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "lyre.codec", "prepare", "--set", "codec.noise=false"],
+    run = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.noise=false"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "codec ready: stream mode, onnxruntime" in run.stdout
-    window = subprocess.run([sys.executable, "-m", "lyre.codec", "prepare", "--set", "codec.mode=window"],
+    window = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.mode=window"],
                             capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert window.returncode == 0 and "nothing to prepare" in window.stdout
-    bad = subprocess.run([sys.executable, "-m", "lyre.codec", "prepare", "--set", "codec.runtime=tensorrt"],
+    bad = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.runtime=tensorrt"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert bad.returncode == 1 and "codec.runtime" in bad.stderr

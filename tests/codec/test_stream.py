@@ -7,12 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lyre import checkpoint
 from lyre.codec import StreamSettings, configure_noise
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac
-
-from .conftest import F, feed, offline, random_frames
+from lyre.model import checkpoint
+from tests.support.codec import F, feed, offline, random_frames
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lyre import orpheus
 from lyre.codec.streaming import StreamingSnac, StreamingUnsupported
-
-from .conftest import F, offline, random_frames
+from lyre.model import orpheus
+from tests.support.codec import F, offline, random_frames
 
 OPEN = StreamingSnac.OPEN
 

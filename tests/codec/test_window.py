@@ -7,11 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lyre import orpheus
 from lyre.codec import StreamSettings, configure_noise
 from lyre.codec.window import WindowCodec
-
-from .conftest import feed, offline, random_frames
+from lyre.model import orpheus
+from tests.support.codec import feed, offline, random_frames
 
 F = orpheus.SAMPLES_PER_FRAME
 
@@ -88,7 +87,7 @@ def test_sessions_flushing_together_share_one_batched_snac_call(quiet_snac):
 
 
 def test_noise_can_be_seeded_or_switched_off(demo_dir):
-    from lyre import checkpoint
+    from lyre.model import checkpoint
 
     frames = random_frames(3, seed=9)
     noisy = checkpoint.load_snac(demo_dir / "snac")

@@ -1,7 +1,7 @@
 """The ``TokenEngine`` contract, run against every backend.
 
 - ``torch``: the PyTorch engine on the demo checkpoint;
-- ``trtllm-fake-bindings``: the TensorRT-LLM engine over ``tests/fake_trtllm.py`` (a FAKE of the
+- ``trtllm-fake-bindings``: the TensorRT-LLM engine over ``tests/support/fake_trtllm.py`` (a FAKE of the
   executor bindings: what the adapter does with them, not what a GPU does);
 - ``trtllm``: the TensorRT-LLM engine over the real library. It needs a CUDA GPU, TensorRT-LLM and
   a built engine (``LYRE_TEST_ENGINE_DIR``, default ``build.engine_dir``); without them it is
@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from lyre import orpheus
 from lyre.config import load_config
 from lyre.engine.backend import BackendError, check_manifest, probe_environment, select_backend
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.engine.trtllm_engine import TrtllmEngine, TrtllmEngineConfig
-
-from .. import fake_trtllm
-from .conftest import make_engine
+from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
+from lyre.model import orpheus
+from tests.support import fake_trtllm
+from tests.support.engines import make_engine
 
 CAPACITY = 4
 PROMPT = [orpheus.START_OF_HUMAN, 400, 25, 376, *orpheus.PROMPT_SUFFIX]

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from lyre.audio import AudioEncoder, AudioFormatError
+from lyre.audio.formats import AudioEncoder, AudioFormatError
 from lyre.errors import (
     ConsentRequired,
     DatabaseError,
@@ -34,8 +34,8 @@ from lyre.errors import (
 )
 
 if TYPE_CHECKING:
-    from lyre.service import SpeechStream
-    from lyre.utterance import Utterance
+    from lyre.service.tts import SpeechStream
+    from lyre.service.utterance import Utterance
 
 
 @dataclass(frozen=True)

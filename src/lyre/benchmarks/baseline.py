@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from lyre import checkpoint, orpheus
 from lyre.codec import configure_noise
 from lyre.engine.backend import BackendChoice
-from lyre.results import AudioChunk, to_int16
-from lyre.service import SynthesisFailed, TTSService
+from lyre.model import checkpoint, orpheus
+from lyre.service.stream import AudioChunk, to_int16
+from lyre.service.tts import SynthesisFailed, TTSService
 
 
 def _audio_constraint(prompt_len: int):

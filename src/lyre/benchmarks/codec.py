@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from lyre import checkpoint, orpheus
 from lyre.codec import StreamSettings, WindowCodec, configure_noise
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac, fold_weight_norm
 from lyre.config import LyreConfig
+from lyre.model import checkpoint, orpheus
 
 WARMUP_ROUNDS, ROUNDS = 4, 8
 

@@ -18,7 +18,7 @@ import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lyre.options import SpeechBody, WsMessage
+from lyre.service.options import SpeechBody, WsMessage
 from lyre.v1 import tts_pb2, tts_pb2_grpc
 
 TIMEOUT_S = 60.0  # an answer slower than this is a hang

@@ -1,4 +1,5 @@
-"""Servers the benchmark starts itself (production_server.py subprocesses) and stops by their pid."""
+"""Servers the benchmark starts itself (``python -m lyre serve`` subprocesses, in the current working
+directory) and stops by their pid."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def free_port() -> int:
@@ -41,7 +40,7 @@ class ManagedServer:
 
     def __enter__(self) -> ManagedServer:
         grpc_port = free_port()
-        args = [sys.executable, str(ROOT / "production_server.py"), "--host", "127.0.0.1", "--port", "0",
+        args = [sys.executable, "-m", "lyre", "serve", "--host", "127.0.0.1", "--port", "0",
                 "--grpc-port", str(grpc_port)]
         if self.config is not None:
             args += ["--config", str(self.config)]
@@ -50,7 +49,7 @@ class ManagedServer:
         if self.baseline:
             args += ["--baseline", self.baseline]
         self._log = tempfile.NamedTemporaryFile("w+", prefix="lyre-bench-server-", suffix=".log", delete=False)
-        self._proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._log, text=True,
+        self._proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self._log, text=True,
                                       env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.pid = self._proc.pid
         line = self._proc.stdout.readline()  # the server prints its ready line once it listens

@@ -15,7 +15,7 @@ from typing import Any
 
 from lyre.benchmarks.load import TEXT_SETS, codec_figures, percentile
 from lyre.config import LyreConfig, apply_overrides
-from lyre.service import TTSService
+from lyre.service.tts import TTSService
 
 TEXTS = TEXT_SETS["conversational"]
 

@@ -30,12 +30,12 @@ from typing import Any
 import aiohttp
 import grpc
 
-from lyre import orpheus
 from lyre.benchmarks import fuzz
 from lyre.benchmarks.clients import Outcome, Shared, one
 from lyre.benchmarks.load import percentile, server_stats
 from lyre.benchmarks.servers import ManagedServer
 from lyre.config import LyreConfig
+from lyre.model import orpheus
 from lyre.v1 import tts_pb2, tts_pb2_grpc
 
 PROTOCOLS = ("rest", "ws", "grpc")

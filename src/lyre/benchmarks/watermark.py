@@ -57,7 +57,7 @@ def mulaw_8k(x: np.ndarray) -> tuple[np.ndarray, int]:
     """``x`` (24 kHz float) resampled to 8 kHz, through G.711 mu-law and back (Lyre's own encoder)."""
     import av
 
-    from lyre.audio import AudioEncoder
+    from lyre.audio.formats import AudioEncoder
 
     encoder = AudioEncoder("mulaw", 8000)
     data = encoder.encode(_int16(x)) + encoder.finish()
@@ -70,7 +70,7 @@ def espeak_clips(n: int) -> list[np.ndarray]:
     """``n`` real speech clips at 24 kHz from espeak-ng (several voices and speeds); [] without it."""
     if shutil.which("espeak-ng") is None:
         return []
-    from lyre.voices.clip import decode, to_24k
+    from lyre.audio.clip import decode, to_24k
 
     voices = ["en-us", "en-gb", "en-us+f3", "en-gb+m3", "en-us+f5"]
     clips = []
@@ -96,7 +96,7 @@ def _rates(watermark: Any, clips: list[np.ndarray]) -> dict[str, Any]:
 
 
 def run(cfg: LyreConfig, requests: int, progress=print) -> dict[str, Any]:
-    from lyre.service import TTSService
+    from lyre.service.tts import TTSService
 
     async def outputs() -> tuple[list[np.ndarray], dict[str, Any], Any]:
         async with TTSService(cfg) as tts:

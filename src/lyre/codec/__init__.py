@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from lyre import orpheus
 from lyre.codec.base import CodecCounters, StreamSettings
 from lyre.codec.noise import configure_noise
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac, StreamingUnsupported, fold_weight_norm
 from lyre.codec.window import WindowCodec
+from lyre.model import orpheus
 
 if TYPE_CHECKING:
     from lyre.config import CodecConfig

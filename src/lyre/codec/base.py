@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from lyre import orpheus
+from lyre.model import orpheus
 
 F = orpheus.SAMPLES_PER_FRAME
 

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
 from lyre.codec.streaming import OfflineSnac, StreamingSnac
+from lyre.model import orpheus
 
 State = list[torch.Tensor]  # one (1, C, K) tensor per decoder layer with context
 # stream: (c0, c1, c2, fed, end, noise, states) -> (audio (B, c * 2048), states);

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as fn
 from torch import nn
 
-from lyre import orpheus
+from lyre.model import orpheus
 
 F = orpheus.SAMPLES_PER_FRAME
 LATENT_PER_FRAME = 4  # SNAC 24 kHz: codebook 0 has 1 code per Orpheus frame, the finest 4 (vq_strides 4, 2, 1)

@@ -31,8 +31,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from lyre import orpheus
 from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
+from lyre.model import orpheus
 
 
 @dataclass

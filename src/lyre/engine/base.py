@@ -15,9 +15,9 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from lyre import orpheus
 from lyre.errors import InvalidRequest
-from lyre.options import SamplingOptions, parse
+from lyre.model import orpheus
+from lyre.service.options import SamplingOptions, parse
 
 if TYPE_CHECKING:
     import torch
@@ -57,7 +57,7 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError (an InvalidRequest) naming the first unacceptable field: the request
-        options' limits (lyre.options), whoever built these parameters."""
+        options' limits (lyre.service.options), whoever built these parameters."""
         parse(SamplingOptions, {name: getattr(self, name) for name in SamplingOptions.model_fields})
         if isinstance(self.repetition_window, bool) or not isinstance(self.repetition_window, int) \
                 or self.repetition_window < 0:

@@ -1,0 +1,326 @@
+"""The OpenAPI 3.1 document of the REST surface, served at ``GET /openapi.json``.
+
+Request bodies come from the pydantic models that validate them (:mod:`lyre.service.options`), so the
+document cannot drift from what is accepted; response bodies are described by the models below.
+``tests/api/http/test_openapi.py`` keeps the rest true: it checks the document against the OpenAPI 3.1
+schema, that every route the app serves is in it (and nothing else), and validates real responses
+of the running server (successes and every documented error) against it with ``openapi-core``.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from lyre.audio.formats import CONTENT_TYPES
+from lyre.service.options import SpeechBody, WsMessage
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorDetail(_Shape):
+    message: str = Field(description="what went wrong, in words")
+    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, "
+                      "overloaded_error, service_unavailable, timeout_error or server_error")
+    code: str = Field(description="a stable code, e.g. unknown_voice, unsupported_format, too_many_connections")
+
+
+class Error(_Shape):
+    """Every error answer (OpenAI's form)."""
+
+    error: ErrorDetail
+
+
+class Voice(_Shape):
+    """A built-in voice, or one of the caller's cloned voices."""
+
+    id: str = Field(description="what a request passes as 'voice' (a built-in voice's id is its name)")
+    name: str
+    type: Literal["builtin", "cloned"]
+    aliases: list[str] | None = Field(None, description="built-in: other names for it (OpenAI's by default)")
+    created_at: str | None = Field(None, description="cloned: when it was enrolled (RFC 3339)")
+    transcript: str | None = Field(None, description="cloned: the words of the reference clip")
+    duration_s: float | None = Field(None, description="cloned: the reference clip's length")
+    reference_tokens: int | None = Field(None, description="cloned: Orpheus audio tokens of the reference clip")
+    audio_sha256: str | None = Field(None, description="cloned: sha256 of the stored (normalised FLAC) clip")
+    codec_id: str | None = Field(None, description="cloned: the SNAC weights its tokens were made with")
+    model_id: str | None = Field(None, description="cloned: the checkpoint served when it was enrolled")
+
+
+class VoiceList(_Shape):
+    voices: list[Voice]
+    default: str = Field(description="the voice used when a request names none")
+
+
+class ConsentRecord(_Shape):
+    granted: bool
+    speaker: str
+    source: Literal["self_recorded", "recorded_with_permission"]
+    statement: str | None
+    time: str = Field(description="when the voice was enrolled (RFC 3339, UTC)")
+    account: str = Field(description="the account that enrolled it")
+    address: str | None = Field(description="the client address it was enrolled from")
+    upload_sha256: str = Field(description="sha256 of the audio file as uploaded")
+
+
+class Consent(_Shape):
+    id: str
+    consent: ConsentRecord
+
+
+class Verification(_Shape):
+    """``POST /v1/audio/verify`` (or the raw file as the body)."""
+
+    audio: bytes = Field(description="the audio file to check: any format FFmpeg reads (wav, flac, mp3, ogg, ...)")
+
+
+class VerifyResult(_Shape):
+    watermarked: bool = Field(description="score >= threshold")
+    score: float = Field(description="correlation with Lyre's mark at the best lag, in standard deviations "
+                         "(unmarked audio: ~4-5)")
+    threshold: float = Field(description="watermark.threshold")
+    seconds: float = Field(description="the audio's duration (the first 600 s are checked)")
+
+
+class Enrollment(_Shape):
+    """``POST /v1/voices`` (multipart/form-data)."""
+
+    audio: bytes = Field(description="the reference recording: wav, flac, mp3, ogg/opus, ...; any sample rate, "
+                         "mono or stereo; 3-30 s (voices.min_seconds, max_seconds); at most voices.max_upload_bytes")
+    transcript: str = Field(description="the exact words spoken in the recording")
+    name: str = Field(description="1-64 printable characters, unique within the account")
+    consent: str = Field(description='JSON: {"granted": true, "speaker": "who is speaking", "source": '
+                         '"self_recorded" | "recorded_with_permission", "statement": "optional"}')
+
+
+class Model(_Shape):
+    id: str
+    object: str = Field(json_schema_extra={"const": "model"})
+    created: int
+    owned_by: str
+
+
+class ModelList(_Shape):
+    """OpenAI's form; any model name is accepted in requests."""
+
+    object: str = Field(json_schema_extra={"const": "list"})
+    data: list[Model]
+
+
+class SchedulerStats(BaseModel):
+    total_sessions: int
+    active_sessions: int
+    pending_sessions: int
+    max_concurrent: int
+
+
+class KvCacheStats(BaseModel):
+    used_slots: int
+    free_slots: int
+
+
+class Stats(BaseModel):
+    """Seed 004's snapshot; ``engine`` and ``codec`` hold backend-specific figures."""
+
+    scheduler: SchedulerStats
+    kv_cache: KvCacheStats
+    total_tokens: int
+    total_batches: int
+    engine: dict[str, Any] = Field(description="the backend ('torch' or 'trtllm') and its statistics")
+    codec: dict[str, Any] = Field(description="the codec's mode, runtime and counters")
+
+
+class Ready(_Shape):
+    ready: bool
+    reason: Literal["draining", "full", "unavailable", "audit_unavailable"] | None = Field(
+        description="why not (None when ready)")
+    active_sessions: int
+    pending_sessions: int
+    capacity: int = Field(description="KV slots (scheduler.max_concurrent_sessions)")
+    capacity_utilisation: float = Field(description="(active + pending) / capacity: 1 = every slot busy")
+
+
+class Health(_Shape):
+    status: str = Field(description="ok, draining or unavailable")
+    model: str | None = Field(description="where the checkpoint was loaded from")
+    demo: bool = Field(description="true on the demo checkpoint (random weights: its audio is noise)")
+
+
+SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enrollment, Verification, VerifyResult,
+                                         ModelList, Stats, Health, Ready, SpeechBody, WsMessage)
+
+_REQUEST_ID = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
+_ERRORS = {
+    400: "malformed JSON, wrong types, unknown fields, or not a WebSocket handshake",
+    401: "missing or wrong API key (only when API keys are configured: server.api_keys, server.api_key)",
+    404: "unknown voice (another account's cloned voices are unknown too)",
+    409: "the account already has a voice of that name, or holds voices.max_per_account voices",
+    413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
+    422: "a value out of range or unsupported (format, sample rate, speed, text too long; enrollment: audio that "
+         "is not a usable 3-30 s clip, a transcript it cannot hold, consent missing or not granted)",
+    429: "overloaded, or too many open requests from this client (see Retry-After)",
+    500: "the synthesis failed",
+    503: "shutting down, or the engine stopped",
+    504: "the synthesis passed its deadline",
+}
+
+
+def _error(status: int) -> dict[str, Any]:
+    headers = dict(_REQUEST_ID)
+    if status == 429:
+        headers["Retry-After"] = {"description": "seconds to wait before trying again",
+                                  "schema": {"type": "string"}}
+    return {"description": _ERRORS[status], "headers": headers,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+
+
+def _json(description: str, schema: str, *errors: int, status: int = 200) -> dict[str, Any]:
+    responses: dict[str, Any] = {str(status): {
+        "description": description, "headers": dict(_REQUEST_ID),
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}}}}}
+    responses.update({str(e): _error(e) for e in errors})
+    return responses
+
+
+_VOICE_ID = [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string"},
+              "description": "a cloned voice's id (v_ + 16 characters) or a built-in voice's name"}]
+
+
+def _voices() -> dict[str, Any]:
+    form = {"multipart/form-data": {"schema": {"$ref": "#/components/schemas/Enrollment"},
+                                    "encoding": {"audio": {"contentType": "application/octet-stream, audio/*"}}}}
+    return {
+        "/v1/voices": {
+            "get": _v1({"operationId": "listVoices", "summary": "Built-in voices and the caller's cloned voices",
+                        "responses": _json("the voices", "VoiceList", 401, 429, 503)}),
+            "post": _v1({"operationId": "enrollVoice", "summary": "Clone a voice from a reference recording, with "
+                         "the speaker's consent", "requestBody": {"required": True, "content": form},
+                         "responses": _json("the new voice (Location names it)", "Voice", 400, 401, 409, 413, 422,
+                                            429, 503, status=201)}),
+        },
+        "/v1/voices/{voice_id}": {
+            "get": _v1({"operationId": "getVoice", "summary": "One voice", "parameters": _VOICE_ID,
+                        "responses": _json("the voice", "Voice", 401, 404, 429, 503)}),
+            "delete": _v1({"operationId": "deleteVoice", "summary": "Delete a cloned voice, its audio and every "
+                           "cached state of it (a synthesis already running finishes)", "parameters": _VOICE_ID,
+                           "responses": {"204": {"description": "deleted", "headers": dict(_REQUEST_ID)},
+                                         **{str(e): _error(e) for e in (400, 401, 404, 429, 503)}}}),
+        },
+        "/v1/voices/{voice_id}/consent": {
+            "get": _v1({"operationId": "getConsent", "summary": "A cloned voice's consent record",
+                        "parameters": _VOICE_ID, "responses": _json("the record", "Consent", 400, 401, 404, 429,
+                                                                      503)}),
+        },
+    }
+
+
+def _v1(operation: dict[str, Any]) -> dict[str, Any]:
+    """An operation under /v1/: an API key when one is configured."""
+    return {**operation, "security": [{}, {"apiKey": []}]}
+
+
+def _speech() -> dict[str, Any]:
+    audio: dict[str, Any] = {ctype: {} for ctype in dict.fromkeys(CONTENT_TYPES.values())}  # binary: no schema (3.1)
+    audio["text/event-stream"] = {"schema": {"description": (  # no type: the body is bytes to a validator
+        "'data: {json}' events: speech.audio.delta {audio: base64}, then speech.audio.done {usage, "
+        "metrics}, or an error event when the synthesis fails after the first audio")}}
+    ok = {"description": (
+        "the audio, streamed from its first chunk (FLAC is sent whole, with its length in its header, so "
+        "libsndfile can read it); a failure after the first bytes cuts the body (or sends an SSE error event)"),
+        "headers": {**_REQUEST_ID, "X-Sample-Rate": {"description": "sample rate of the audio",
+                                                     "schema": {"type": "string"}}},
+        "content": audio}
+    return _v1({
+        "operationId": "createSpeech",
+        "summary": "Synthesize speech (OpenAI's /v1/audio/speech)",
+        "requestBody": {"required": True,
+                        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/SpeechBody"}}}},
+        "responses": {"200": ok, **{str(e): _error(e) for e in _ERRORS}},
+    })
+
+
+def _stream() -> dict[str, Any]:
+    return _v1({
+        "operationId": "streamSpeech",
+        "summary": "WebSocket: text in, audio out",
+        "description": (
+            "Upgrade to a WebSocket. Send JSON messages (schema WsMessage): {text, voice} speaks one text; "
+            "{context_id, append|flush|end|cancel} drive incremental utterances. The server sends binary audio "
+            "(or JSON audio frames with a context_id), then {done: true, metrics}; bad messages are answered "
+            "{error: {...}}."),
+        "responses": {"101": {"description": "switching to the WebSocket protocol"},
+                      **{str(e): _error(e) for e in (400, 401, 429, 503)}},
+    })
+
+
+@cache
+def document() -> dict[str, Any]:
+    """The OpenAPI 3.1 document (built once)."""
+    schemas: dict[str, Any] = {}
+    for model in SCHEMAS:
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    try:
+        release = version("lyre")
+    except PackageNotFoundError:  # pragma: no cover - running from a tree without installing
+        release = "0"
+    text = {"text/plain": {"schema": {"type": "string"}}}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Lyre", "version": release,
+                 "description": "Streaming text-to-speech for Orpheus-style models. gRPC (lyre.v1 and Riva's "
+                                "API) is served on its own port and described by protos/."},
+        "paths": {
+            "/v1/audio/speech": {"post": _speech()},
+            "/v1/audio/stream": {"get": _stream()},
+            **_voices(),
+            "/v1/audio/verify": {"post": _v1({
+                "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",
+                "requestBody": {"required": True, "content": {
+                    "multipart/form-data": {"schema": {"$ref": "#/components/schemas/Verification"}},
+                    "application/octet-stream": {}, "audio/*": {}}},
+                "responses": _json("the verdict", "VerifyResult", 400, 401, 413, 422, 429)})},
+            "/v1/models": {"get": _v1({"operationId": "listModels", "summary": "The model served (OpenAI's form)",
+                                       "responses": _json("the models", "ModelList", 401, 429)})},
+            "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",
+                                      "responses": _json("the figures", "Stats", 401, 429)})},
+            "/ready": {"get": {"operationId": "ready", "summary": "Readiness: send me new callers",
+                               "responses": {
+                                   "200": {"description": "ready", "headers": dict(_REQUEST_ID), "content": {
+                                       "application/json": {"schema": {"$ref": "#/components/schemas/Ready"}}}},
+                                   "503": {"description": "draining, admission full, or not running",
+                                           "headers": dict(_REQUEST_ID), "content": {"application/json": {
+                                               "schema": {"$ref": "#/components/schemas/Ready"}}}}}}},
+            "/health": {"get": {"operationId": "health", "summary": "Liveness: the engine is loaded and running "
+                                "(draining included)",
+                                "responses": {
+                                    "200": {"description": "alive", "headers": dict(_REQUEST_ID), "content": {
+                                        "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}},
+                                    "503": {"description": "the engine is not running",
+                                            "headers": dict(_REQUEST_ID), "content": {"application/json": {
+                                                "schema": {"$ref": "#/components/schemas/Health"}}}}}}},
+            "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",
+                                 "responses": {"200": {"description": "the text exposition format",
+                                                       "headers": dict(_REQUEST_ID), "content": text}}}},
+            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
+                                      "responses": {"200": {"description": "OpenAPI 3.1",
+                                                            "headers": dict(_REQUEST_ID),
+                                                            "content": {"application/json": {
+                                                                "schema": {"type": "object"}}}}}}},
+        },
+        "components": {
+            "schemas": schemas,
+            "headers": {"X-Request-Id": {
+                "description": "names the request: the client's own X-Request-Id when it sent a sane one "
+                               "(up to 128 of A-Za-z0-9._:-), else a new one",
+                "required": True, "schema": {"type": "string"}}},
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer",
+                                           "description": "server.api_key, when set (header only)"}},
+        },
+    }

@@ -1,0 +1,289 @@
+"""WebSocket front end: ``GET /v1/audio/stream``. Translates messages into :class:`~lyre.service.utterance.Utterance`
+calls and their audio into frames; the utterance owns text splitting, ordering and admission.
+
+Each message is one JSON object (:class:`lyre.service.options.WsMessage`):
+
+- ``{"text": ..., "voice": ...}`` (or ``"input"``, OpenAI's name; not both): seed 004's exchange:
+  the whole text, binary audio frames, then ``{"done": true, "metrics": {...}}``;
+- with ``"context_id"``: several utterances on one socket, audio as
+  ``{"type": "audio", "context_id", "sequence", "audio": base64}`` frames;
+- ``"append"`` adds text (spoken once a clause or sentence is complete), ``"flush"`` speaks what
+  has arrived, ``"end"`` ends the context after its audio, ``"cancel"`` stops it at once.
+
+Settings (voice, response_format/format, sample_rate, sampling) are fixed by a context's first
+message: a later message on the open context may repeat them (an alias of its voice included), and
+one that would change them is refused. Without a context_id, ``text`` opens, speaks and ends the
+context; the next ``text`` after its ``done`` opens a new one with its own settings (one sent
+before is refused: the context is still sending its audio). ``metrics.ttfb_ms`` counts from the
+message that completed the context's first piece (its text, or the append, flush or end that
+completed it), not from when the context was opened.
+
+Every bad message (not JSON, unknown fields, no action, wrong types, a refused setting) gets an
+``{"error": {...}}`` frame (with its ``context_id``) and changes nothing else: a refused first
+message opens nothing, and other contexts on the socket go on. Limits: ``server.ws_max_message_bytes``
+(larger messages close the socket with 1009), ``server.max_contexts_per_socket``,
+``server.ws_idle_timeout_s`` (a socket with no open context and no message for that long is closed
+with 1000). There is no heartbeat: a listener that reads slowly is ended by the slow-consumer rule,
+not by a missed pong.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+from typing import Any
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from lyre.api.common import (
+    InFlight,
+    cancelled_by_drain,
+    describe_text,
+    encode,
+    error_body,
+    finish,
+    json_object,
+)
+from lyre.api.http.app import ACCOUNT, INFLIGHT, SERVICE, draining
+from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
+from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
+from lyre.service.options import SamplingOptions, WsMessage, parse
+from lyre.service.tts import TTSService
+from lyre.service.utterance import Utterance
+
+log = logging.getLogger("lyre.ws")
+
+SETTINGS = ("voice", "response_format", "format", "sample_rate", *SamplingOptions.model_fields)
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    draining(request)
+    service = request.app[SERVICE]
+    cfg = service.config.server
+    ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False)
+    await ws.prepare(request)
+    socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT])
+    with request.app[INFLIGHT]:
+        unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
+        try:
+            await socket.serve(cfg.ws_idle_timeout_s)
+        except asyncio.CancelledError:
+            await socket.close_all(cancelled_by_drain(request.app[INFLIGHT]))
+            raise
+        finally:
+            unsubscribe()
+            await socket.close_all(None)
+    return ws
+
+
+class Socket:
+    """One WebSocket: its contexts and the lock that keeps their frames whole."""
+
+    def __init__(self, ws: web.WebSocketResponse, service: TTSService, inflight: InFlight, account: str):
+        self.ws, self.service, self.inflight, self.account = ws, service, inflight, account
+        self.contexts: dict[str | None, Context] = {}
+        self.send_lock = asyncio.Lock()
+        self.stopping = False  # close_all is ending every context (and closes the socket itself)
+
+    async def serve(self, idle_timeout_s: float) -> None:
+        while not self.ws.closed:
+            try:
+                msg = await self.ws.receive(timeout=None if self.contexts else idle_timeout_s)
+            except asyncio.TimeoutError:
+                await self.ws.close(code=WSCloseCode.OK, message=b"idle: no open context and no message")
+                return
+            if msg.type == WSMsgType.TEXT:
+                await self.handle(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await self.send({"error": {"message": "send JSON text messages", "type": "invalid_request_error",
+                                           "code": "invalid_message"}})
+            elif msg.type == WSMsgType.ERROR:
+                log.info("websocket closed: %s", self.ws.exception())
+                return
+            elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED):
+                return
+
+    async def handle(self, raw: str) -> None:
+        cid: Any = None
+        try:
+            data = json_object(raw, "the message")
+            cid = data.get("context_id") if isinstance(data.get("context_id"), str) else None
+            message = parse(WsMessage, data)
+            await self.apply(message)
+        except (LyreError, AudioFormatError) as e:
+            await self.send({"error": error_body(e), **({"context_id": cid} if cid is not None else {})})
+        except ConnectionResetError:
+            pass
+        except Exception as e:  # noqa: BLE001 - a bug answers this message; the socket and its other contexts go on
+            log.exception("websocket message failed")
+            await self.send({"error": {"message": f"internal error: {type(e).__name__}", "type": "server_error",
+                                       "code": "internal_error"}})
+
+    async def apply(self, m: WsMessage) -> None:
+        cid = m.context_id
+        ctx = self.contexts.get(cid)
+        if m.cancel:
+            if ctx is not None:
+                await ctx.stop()
+            await self.send({"done": True, "cancelled": True, **({"context_id": cid} if cid is not None else {})})
+            return
+        text, field = whole_text(m)
+        if text is None and m.append is None and not m.flush and not m.end:
+            raise InvalidRequest("a message needs one of: text (or input), append, flush, end, cancel")
+        if text is not None and not text.strip():
+            raise InvalidRequest(f"{field} is empty: there is nothing to speak")
+        if ctx is None:
+            if text is None and m.append is None:
+                raise InvalidRequest(f"unknown context {cid!r}: start it with 'text' or 'append'" if cid is not None
+                                     else "nothing to flush or end: start with 'text' or 'append'")
+            await self.open(m, text)
+            return
+        if ctx.utterance.ended:
+            raise InvalidRequest("this context has ended and is still sending its audio: wait for its done "
+                                 "message" + (", or use another context_id" if cid is not None else ""))
+        ctx.check_settings(m)
+        feed(ctx.utterance, m, text)
+
+    async def open(self, m: WsMessage, text: str | None) -> None:
+        """A new context with its first message's settings and text; a refused first message opens nothing."""
+        if self.inflight.draining:
+            raise ServiceUnavailable("the server is shutting down: no new contexts")
+        limit = self.service.config.server.max_contexts_per_socket
+        if len(self.contexts) >= limit:
+            raise InvalidRequest(f"this socket has {len(self.contexts)} open contexts; "
+                                 f"server.max_contexts_per_socket is {limit}")
+        fmt = m.response_format or m.format or "pcm"
+        rate = check_format(fmt, m.sample_rate)
+        voice = await self.service.voices.resolve(m.voice, self.account)  # a built-in name, or a cloned voice
+        utterance = self.service.utterance(voice, account=self.account, protocol="ws", **m.sampling())
+        try:
+            feed(utterance, m, text)
+            encoder = AudioEncoder(fmt, m.sample_rate)
+        except BaseException:
+            utterance.cancel()
+            raise
+        cfg = self.service.config
+        settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
+                    "sample_rate": rate, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
+                    **m.sampling()}  # what the context uses: given or default
+        first = text if text is not None else m.append
+        log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)
+        self.contexts[m.context_id] = Context(self, m.context_id, utterance, encoder, settings)
+
+    def ended(self, ctx: Context) -> None:
+        if self.contexts.get(ctx.cid) is ctx:
+            del self.contexts[ctx.cid]
+        if self.inflight.draining and not self.contexts and not self.stopping:
+            self.on_drain()
+
+    def on_drain(self) -> None:
+        """Draining: an idle socket closes now; a busy one once its contexts have ended."""
+        if not self.contexts and not self.ws.closed:
+            asyncio.get_running_loop().create_task(
+                self.ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down"))
+
+    async def close_all(self, error: LyreError | None) -> None:
+        """Stop every context (the socket closed, or the drain timeout passed: then say why first)."""
+        self.stopping = True
+        for ctx in list(self.contexts.values()):
+            await ctx.stop(error)
+        if error is not None and not self.ws.closed:
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down")
+
+    async def send(self, message: dict | bytes) -> None:
+        async with self.send_lock:  # contexts share the socket: one frame at a time
+            if self.ws.closed:
+                return
+            if isinstance(message, bytes):
+                await self.ws.send_bytes(message)
+            else:
+                await self.ws.send_json(message)
+
+
+def feed(utterance: Utterance, m: WsMessage, text: str | None) -> None:
+    """A message's text and actions, in order; ``text`` (a whole text) ends the utterance after it (seed 004)."""
+    for piece in (text, m.append):
+        if piece is not None:
+            utterance.append(piece)
+    if m.flush:
+        utterance.flush()
+    if text is not None or m.end:
+        utterance.end()
+
+
+def whole_text(m: WsMessage) -> tuple[str | None, str]:
+    """A message's whole text and the name it came under: ``text``, or ``input`` (OpenAI's name)."""
+    if m.text is not None and m.input is not None:
+        raise InvalidRequest("give the text as 'text' or as 'input' (its OpenAI name), not both")
+    return (m.input, "input") if m.input is not None else (m.text, "text")
+
+
+class Context:
+    """One utterance on a socket and the task sending its audio, in order."""
+
+    def __init__(self, socket: Socket, cid: str | None, utterance: Utterance, encoder: AudioEncoder,
+                 settings: dict[str, Any]):
+        self.socket, self.cid, self.utterance, self.encoder = socket, cid, utterance, encoder
+        self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
+        self.sequence = 0
+        self.task = asyncio.get_running_loop().create_task(self._pump())
+
+    def check_settings(self, m: WsMessage) -> None:
+        """A later message may repeat this context's settings; one that would change them is refused."""
+        for name in SETTINGS:
+            value = getattr(m, name)
+            if value is None:
+                continue
+            key = "response_format" if name == "format" else name
+            if key == "voice":
+                value = self.socket.service.config.model.resolve_voice(value) or value
+            if value != self.settings[key]:
+                now = self.settings[key]
+                which, hint = (f"context {self.cid!r}", "open another context_id") if self.cid is not None else (
+                    "the utterance without a context_id", "send 'end' and wait for its done message, or use a context_id")
+                raise InvalidRequest(f"{which} is already open with {name} {'unset' if now is None else repr(now)}: "
+                                     f"settings are fixed by its first message; {hint}")
+
+    async def stop(self, error: LyreError | None = None) -> None:
+        """Cancel at once (nothing more is sent but ``error``, when given)."""
+        self.utterance.cancel()
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        if error is not None:
+            with contextlib.suppress(ConnectionResetError):
+                await self._json({"error": error_body(error)})
+
+    async def _pump(self) -> None:
+        try:
+            async for chunk in self.utterance:
+                await self._audio(await encode(self.encoder, chunk.pcm))
+            await self._audio(await finish(self.encoder))
+            await self._json({"done": True, "metrics": self.utterance.metrics})
+        except LyreError as e:
+            await self._json({"error": error_body(e)})
+        except ConnectionResetError:  # the socket went away
+            pass
+        finally:  # whatever ended it, nothing it started keeps a slot
+            self.utterance.cancel()
+            self.encoder.close()
+            self.socket.ended(self)
+
+    async def _audio(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.cid is None:
+            await self.socket.send(data)
+        else:
+            await self.socket.send({"type": "audio", "context_id": self.cid, "sequence": self.sequence,
+                                    "audio": base64.b64encode(data).decode()})
+        self.sequence += 1
+
+    async def _json(self, message: dict) -> None:
+        if self.cid is not None:
+            message["context_id"] = self.cid
+        await self.socket.send(message)
+

@@ -1,0 +1,332 @@
+"""Audio formats for the front ends: streaming encoders from 24 kHz int16 PCM.
+
+``AudioEncoder(format, sample_rate, speed)`` takes int16 chunks as they are decoded and returns the
+bytes to send now; ``finish()`` returns the rest. ``speed`` (0.25-4.0, OpenAI's parameter) changes
+the tempo, not the pitch, with FFmpeg's ``atempo`` filter at the source rate; 1.0 inserts no filter.
+Resampling is stateful (soxr's streaming resampler), so chunk joins stay clean. Formats:
+
+- ``pcm``: raw s16le; ``wav``: a RIFF header whose RIFF and data sizes are 0xFFFFFFFF (unknown
+  length while streaming), then s16le;
+- ``mulaw`` / ``alaw``: raw G.711 (8 kHz by default for telephony), encoded by PyAV's codecs;
+- ``mp3``, ``opus`` (Ogg), ``aac`` (ADTS), ``flac``: encoded and muxed by PyAV as audio arrives.
+
+What a stream cannot hold, because its header is sent before its length is known:
+
+- ``flac``: STREAMINFO's total sample count and MD5 are 0 ("unknown", as RFC 9639 allows). FFmpeg
+  decodes every sample, and so does libsndfile's C API, but libsndfile reports the length as
+  SF_COUNT_MAX, so python-soundfile's ``read()`` (which sizes its array from that, then seeks past
+  the end) fails: a client wanting a file that soundfile reads whole needs ``stream=False``.
+- ``mp3``: the muxer writes its Xing/LAME frame only into a seekable file. A stream gets our own
+  LAME "Info" frame ahead of the audio, holding the encoder delay (known before encoding) but no
+  frame count, byte count, TOC or end padding: FFmpeg-based decoders drop the delay (the audio
+  starts on time) but keep the end padding (up to about one frame of silence: 576 samples below
+  32 kHz, 1152 above); mpg123 (libsndfile's mp3 reader) wants the frame count, so drops neither.
+- ``opus``: Ogg pages of one 20 ms packet each, written as they fill (not the muxer's default of
+  one second a page); the muxer holds back the last page, to mark the end of the stream on it.
+
+``stream=False`` (a response sent whole) muxes into a seekable buffer instead, so the muxers
+complete their headers (FLAC's sample count and MD5, MP3's Xing/LAME frame with frame count and
+padding, WAV's sizes); container formats and WAV then return everything from ``finish()``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import struct
+from collections.abc import Callable
+from fractions import Fraction
+
+import numpy as np
+
+from lyre.model import orpheus
+
+SOURCE_RATE = orpheus.SAMPLE_RATE
+
+CONTENT_TYPES = {
+    "wav": "audio/wav",
+    "pcm": "audio/pcm",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "flac": "audio/flac",
+    "mulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
+}
+FORMATS = tuple(CONTENT_TYPES)
+DEFAULT_RATES = {"mulaw": 8000, "alaw": 8000}
+MIN_RATE, MAX_RATE = 8000, 48000
+MIN_SPEED, MAX_SPEED = 0.25, 4.0
+# (container format, codec) for PyAV, and the sample rates the codec accepts
+_COMPRESSED = {
+    "mp3": ("mp3", "libmp3lame", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
+    "opus": ("ogg", "libopus", (8000, 12000, 16000, 24000, 48000)),
+    "aac": ("adts", "aac", (8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000)),
+    "flac": ("flac", "flac", None),
+}
+# Muxer options for a stream. Ogg: close a page per packet (20 ms), not per second of audio.
+_STREAM_OPTIONS = {"opus": {"page_duration": "20000"}}
+
+
+class AudioFormatError(ValueError):
+    """An unsupported format, sample rate or speed."""
+
+
+def check_format(fmt: str, sample_rate: int | None) -> int:
+    """The output sample rate for ``fmt``; raises AudioFormatError naming what is allowed."""
+    if fmt not in CONTENT_TYPES:
+        raise AudioFormatError(f"unsupported response_format {fmt!r}; one of: {', '.join(FORMATS)}")
+    rate = sample_rate or DEFAULT_RATES.get(fmt, SOURCE_RATE)
+    if isinstance(rate, bool) or not isinstance(rate, int) or not MIN_RATE <= rate <= MAX_RATE:
+        raise AudioFormatError(f"sample_rate must be an integer from {MIN_RATE} to {MAX_RATE}, got {rate!r}")
+    allowed = _COMPRESSED.get(fmt, (None, None, None))[2]
+    if allowed is not None and rate not in allowed:
+        raise AudioFormatError(f"{fmt} supports sample rates {', '.join(map(str, allowed))}; got {rate}")
+    return rate
+
+
+def check_speed(speed: float) -> float:
+    """``speed`` as a float; raises AudioFormatError unless it is a number from 0.25 to 4.0."""
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise AudioFormatError(f"speed must be a number from {MIN_SPEED} to {MAX_SPEED}, got {speed!r}")
+    return float(speed)
+
+
+def wav_header(sample_rate: int, channels: int = 1, bits: int = 16, data_size: int = 0xFFFFFFFF) -> bytes:
+    """A WAV header; by default its RIFF and data chunk sizes are 0xFFFFFFFF (length unknown)."""
+    block = channels * bits // 8
+    riff = min(data_size + 36, 0xFFFFFFFF)
+    return (
+        b"RIFF" + struct.pack("<I", riff) + b"WAVE"
+        + b"fmt " + struct.pack("<IHHIIHH", 16, 1, channels, sample_rate, sample_rate * block, block, bits)
+        + b"data" + struct.pack("<I", min(data_size, 0xFFFFFFFF))
+    )
+
+
+class _Sink(io.RawIOBase):
+    """A write-only, unseekable file that hands out what was written since the last drain."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:
+        self._parts.append(bytes(b))
+        return len(b)
+
+    def drain(self) -> bytes:
+        out = b"".join(self._parts)
+        self._parts = []
+        return out
+
+
+class _Stretch:
+    """Tempo times ``speed``, pitch kept: FFmpeg's ``atempo``, chained so each instance stays within
+    0.5-2.0 (beyond 2.0 a single atempo skips input instead of blending it). At the end, silence
+    pushes out what atempo still holds, and the output is cut to the input's length / ``speed``."""
+
+    def __init__(self, speed: float):
+        import av.filter
+
+        stages = max(1, math.ceil(abs(math.log2(speed)) - 1e-9))
+        tempo = speed ** (1 / stages)
+        graph = av.filter.Graph()
+        nodes = [graph.add_abuffer(sample_rate=SOURCE_RATE, format="s16", layout="mono",
+                                   time_base=Fraction(1, SOURCE_RATE))]
+        nodes += [graph.add("atempo", tempo=repr(tempo)) for _ in range(stages)]
+        nodes += [graph.add("aformat", sample_fmts="s16", channel_layouts="mono"), graph.add("abuffersink")]
+        graph.link_nodes(*nodes).configure()
+        self._graph, self._speed, self._pts, self._given = graph, speed, 0, 0
+
+    def process(self, pcm: np.ndarray, last: bool) -> np.ndarray:
+        """What the filter gives out for ``pcm`` (all of the rest, when ``last``)."""
+        self._push(pcm)
+        total = self._pts  # input samples, without the padding below
+        if last:
+            self._push(np.zeros(SOURCE_RATE // 4, dtype=np.int16))  # > atempo's window, every stage
+            self._graph.push(None)
+        out = [np.zeros(0, dtype=np.int16)]
+        while True:
+            try:
+                out.append(self._graph.pull().to_ndarray().reshape(-1))
+            except (BlockingIOError, EOFError):  # wants more input / drained
+                break
+        stretched = np.concatenate(out)
+        if last:
+            stretched = stretched[: max(0, round(total / self._speed) - self._given)]
+        self._given += stretched.size
+        return stretched
+
+    def _push(self, pcm: np.ndarray) -> None:
+        import av
+
+        if pcm.size:
+            frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+            frame.sample_rate, frame.pts, frame.time_base = SOURCE_RATE, self._pts, Fraction(1, SOURCE_RATE)
+            self._pts += pcm.size
+            self._graph.push(frame)
+
+
+_MP3_KBPS = (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320)  # MPEG-1 layer III
+_MP3_KBPS_LSF = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)  # MPEG-2 and 2.5
+_MP3_DECODER_DELAY = 529  # samples every MP3 decoder's synthesis filterbank adds
+
+
+def _crc16(data: bytes) -> int:
+    """CRC-16 (polynomial 0x8005, reflected, initial 0): the LAME tag's checksum."""
+    crc = 0
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0xA001 if crc & 1 else crc >> 1
+    return crc
+
+
+def _mp3_info_frame(first_frame: bytes, encoder_delay: int) -> bytes:
+    """A LAME "Info" frame for the CBR MP3 stream that starts with ``first_frame``: an MPEG frame of
+    silence with the same version, sample rate and channels, whose Xing part has no frame count, byte
+    count or TOC (unknown while streaming) and whose LAME part carries ``encoder_delay`` and an end
+    padding of 0 (unknown). Its header leaves the "original" bit clear, as FFmpeg's own Xing frames
+    do, so it never passes for one of the audio frames."""
+    head = int.from_bytes(first_frame[:4], "big")
+    version, rate_index, mode = (head >> 19) & 3, (head >> 10) & 3, (head >> 6) & 3
+    rate = (44100, 48000, 32000)[rate_index] >> {3: 0, 2: 1, 0: 2}[version]
+    side_info = (17 if mode == 3 else 32) if version == 3 else (9 if mode == 3 else 17)
+    kbps = _MP3_KBPS if version == 3 else _MP3_KBPS_LSF
+    body = b"Info" + bytes(4)  # flags 0: no frames, bytes, TOC or quality fields
+    body += b"LAME3.100" + bytes(2 + 8 + 2)  # version; revision/VBR method, lowpass; ReplayGain; flags, bitrate
+    body += (min(max(encoder_delay, 0), 4095) << 12).to_bytes(3, "big")  # delay; end padding 0: unknown
+    body += bytes(4 + 4 + 2)  # misc, mp3gain, preset; music length, music CRC (unknown)
+    index = (head >> 12) & 15
+    while True:
+        size = (144000 if version == 3 else 72000) * kbps[index] // rate
+        if size >= 4 + side_info + len(body) + 2 or index == 14:
+            break
+        index += 1
+    header = 0xFFE00000 | version << 19 | 1 << 17 | 1 << 16 | index << 12 | rate_index << 10 | mode << 6
+    frame = header.to_bytes(4, "big") + bytes(side_info) + body
+    frame += _crc16(frame).to_bytes(2, "big")
+    return frame + bytes(size - len(frame))
+
+
+class AudioEncoder:
+    def __init__(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0, *, stream: bool = True,
+                 mark: Callable[[np.ndarray], np.ndarray] | None = None):
+        """``mark``: a watermarker applied after the tempo change (a time-stretch moves a mark applied
+        before it away from its period; see lyre.audio.watermark)."""
+        self.format = fmt
+        self.sample_rate = check_format(fmt, sample_rate)
+        self.speed = check_speed(speed)
+        self.content_type = CONTENT_TYPES[fmt]
+        self.streaming = stream
+        self._stretch = _Stretch(self.speed) if self.speed != 1.0 else None
+        self._mark = mark if self._stretch is not None else None
+        self._resampler = None
+        if self.sample_rate != SOURCE_RATE:
+            import soxr
+
+            self._resampler = soxr.ResampleStream(SOURCE_RATE, self.sample_rate, 1, dtype="int16")
+        self._header = wav_header(self.sample_rate) if fmt == "wav" and stream else b""
+        self._held: list[bytes] | None = None if stream or fmt != "wav" else []
+        self._codec = self._container = self._stream = self._sink = None
+        self._pts = 0
+        self._mp3_info = stream and fmt == "mp3"  # our Info frame goes ahead of the first mp3 frame
+        if fmt in ("mulaw", "alaw"):
+            import av
+
+            self._codec = av.CodecContext.create(f"pcm_{fmt}", "w")
+            self._codec.sample_rate = self.sample_rate
+            self._codec.layout = "mono"
+            self._codec.format = "s16"
+        elif fmt in _COMPRESSED:
+            import av
+
+            container_fmt, codec, _ = _COMPRESSED[fmt]
+            self._sink = _Sink() if stream else io.BytesIO()
+            options = {"flush_packets": "1", **_STREAM_OPTIONS.get(fmt, {})} if stream else {}
+            self._container = av.open(self._sink, mode="w", format=container_fmt, container_options=options)
+            self._stream = self._container.add_stream(codec, rate=self.sample_rate, layout="mono")
+
+    @property
+    def cheap(self) -> bool:
+        """Raw PCM or WAV at the source rate and speed: a copy, cheap enough for the event loop."""
+        return (self._resampler is None and self._stretch is None and self._codec is None
+                and self._container is None)
+
+    def close(self) -> None:
+        """Release the encoder without finishing (the stream was abandoned). Safe to call twice."""
+        if self._container is not None:
+            try:
+                self._container.close()
+            except Exception:  # noqa: BLE001 - an abandoned container may refuse its trailer
+                pass
+            self._container = self._stream = None
+        self._codec = self._resampler = self._stretch = None
+
+    def encode(self, pcm: np.ndarray, last: bool = False) -> bytes:
+        """Bytes for the int16 24 kHz ``pcm`` (possibly empty while an encoder fills a frame)."""
+        pcm = np.ascontiguousarray(pcm, dtype=np.int16).reshape(-1)
+        if self._stretch is not None:
+            pcm = self._stretch.process(pcm, last)
+            if self._mark is not None and pcm.size:
+                marked = self._mark(pcm.astype(np.float32) / 32768)
+                pcm = np.clip(np.round(marked * 32768), -32768, 32767).astype(np.int16)
+        if self._resampler is not None:
+            pcm = self._resampler.resample_chunk(pcm, last=last)
+        body = self._encode(pcm)
+        out, self._header = self._header + body, b""
+        return out
+
+    def finish(self) -> bytes:
+        """Everything still buffered (the filter's and resampler's tails, the encoder's last frames,
+        trailers; with ``stream=False``, the whole file)."""
+        if self._stretch is not None or self._resampler is not None:
+            out = self.encode(np.zeros(0, dtype=np.int16), last=True)
+        else:
+            out, self._header = self._header, b""
+        if self._held is not None:  # wav, stream=False: now the sizes are known
+            data = b"".join(self._held)
+            self._held = None
+            return wav_header(self.sample_rate, data_size=len(data)) + data
+        if self._codec is not None:
+            out += b"".join(bytes(p) for p in self._codec.encode(None))
+        elif self._container is not None:
+            self._mux(self._stream.encode(None))
+            self._container.close()
+            out += self._sink.drain() if self.streaming else self._sink.getvalue()
+        return out
+
+    def _encode(self, pcm: np.ndarray) -> bytes:
+        if pcm.size == 0:
+            return b""
+        if self._codec is None and self._container is None:
+            data = pcm.astype("<i2").tobytes()
+            if self._held is None:
+                return data
+            self._held.append(data)
+            return b""
+        import av
+
+        frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        frame.sample_rate = self.sample_rate
+        if self._codec is not None:
+            return b"".join(bytes(p) for p in self._codec.encode(frame))
+        frame.pts, frame.time_base = self._pts, Fraction(1, self.sample_rate)
+        self._pts += pcm.size
+        self._mux(self._stream.encode(frame))
+        return self._sink.drain() if self.streaming else b""
+
+    def _mux(self, packets: list) -> None:
+        if packets and self._mp3_info:
+            import av
+
+            first = packets[0]
+            # libmp3lame stamps its first packet -(encoder delay + decoder delay)
+            delay = -first.pts - _MP3_DECODER_DELAY if first.pts is not None else 576
+            info = av.Packet(_mp3_info_frame(bytes(first), delay))
+            info.stream = self._stream
+            self._container.mux(info)
+            self._mp3_info = False
+        self._container.mux(packets)

@@ -1,0 +1,107 @@
+"""The engine thread: the one thread that runs the scheduler (and through it the token engine and
+the codec). Everything else talks to it by message."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+
+from lyre.core.scheduler import Scheduler
+from lyre.core.session import FAILED
+
+log = logging.getLogger("lyre.service")
+
+
+
+
+class EngineLoop:
+    """The one thread that runs the scheduler. Work arrives as callables in its inbox."""
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self.inbox: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="lyre-engine", daemon=True)
+        self.alive = False
+        self.closing = False
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self.alive = True
+        self.thread.start()
+
+    def post(self, fn: Callable[[], None]) -> bool:
+        """Queue ``fn`` for the engine thread; False (nothing queued) once the loop is closing or has
+        stopped. Nothing is ever queued behind the stop message, so every queued ``fn`` runs."""
+        with self._lock:
+            if self.closing or not self.alive:
+                return False
+            self.inbox.put(fn)
+            return True
+
+    def request_stop(self) -> None:
+        """Refuse new messages from now on; the loop runs what is queued, then shuts the scheduler down."""
+        with self._lock:
+            if not self.closing:
+                self.closing = True
+                self.inbox.put(None)
+
+    def stop(self) -> None:
+        self.request_stop()
+        self.thread.join()
+
+    def _run(self) -> None:
+        try:
+            idle_wait: float | None = None
+            while True:
+                for fn in self._take(block=not self.scheduler.has_work(), timeout=idle_wait):
+                    if fn is None:
+                        self.scheduler.shutdown()
+                        return
+                    try:
+                        fn()
+                    except Exception:  # a message about one request must not stop everyone's loop
+                        log.exception("a message to the engine loop failed")
+                progressed = self.scheduler.step() if self.scheduler.has_work() else False
+                self.scheduler.publish()
+                # Sessions are open but nothing moved (e.g. all waiting on their consumers): wait for
+                # a message briefly instead of spinning.
+                idle_wait = None if progressed else 0.002
+        except BaseException as e:  # the loop must never die silently, nor leave anyone waiting
+            log.exception("engine loop stopped")
+            self.error = e
+            self.alive = False
+            try:
+                self.scheduler.shutdown(FAILED, f"the engine loop stopped: {type(e).__name__}: {e}")
+            except Exception:
+                log.exception("could not fail the open sessions")
+        finally:
+            with self._lock:
+                self.alive = False
+                self.closing = True
+            self._run_leftovers()
+
+    def _run_leftovers(self) -> None:
+        """Messages queued before the loop died: run against the shut-down scheduler (which ends a
+        submitted session at once), so nobody waits for an answer that never comes."""
+        for fn in self._take(block=False, timeout=None):
+            if fn is not None:
+                try:
+                    fn()
+                except Exception:
+                    log.exception("a message to the stopped engine loop failed")
+
+    def _take(self, block: bool, timeout: float | None) -> list[Callable[[], None] | None]:
+        items = []
+        try:
+            if block:
+                items.append(self.inbox.get())
+            elif timeout:
+                items.append(self.inbox.get(timeout=timeout))
+            while True:
+                items.append(self.inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items

@@ -1,0 +1,481 @@
+"""In-flight batching over pre-allocated KV slots, in PyTorch.
+
+``TorchEngine.step()`` reads as schedule -> run -> postprocess:
+
+- schedule: free the slots of cancelled requests, take as decoding requests the first
+  ``max_batch_size`` ready ones in the caller's ``order`` (default: earliest admitted first), and
+  fill the prefill budget (``max_prefill_tokens``) with prompt chunks of requests still prefilling;
+- run: one forward over all of it (decode tokens and prompt chunks together), logits only for the
+  rows that sample, batched sampling;
+- postprocess: record tokens, finish on stop ids / max_tokens / a full slot, free those slots.
+
+A step that raises is run again one request at a time (each alone: its decode row or its prompt
+chunk), after undoing what the failed attempt changed (positions, random generators; K/V it may
+have written are written again), so a fault (a bad value in the sampler, a prefill or decode that
+fails for one request) ends only the request that causes it, with finish_reason "error"; the
+others get their tokens from the same step (seeded: the very tokens the batch would have given).
+
+With ``constrain_audio``, once a request is past start-of-speech only the 4096 ids of its current
+frame slot (plus end-of-speech at frame boundaries) can be sampled, and only those rows of
+``lm_head`` are computed.
+
+``add`` puts a request into the lowest free slot at once, or returns False when none is free: the
+engine keeps no queue and never asks its caller anything.
+
+A request with a ``prefix_key`` (a cloned voice's reference turn) gets that prefix's K/V copied
+into its slot from the :class:`~lyre.engine.torch.prefix_cache.PrefixCache` when it is there, and
+prefills only the rest of its prompt; when it is not, the first request computes it and a copy is
+kept once its prefill has passed the prefix.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import heapq
+import itertools
+import logging
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from lyre.config import LyreConfig
+from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, check_prompt
+from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
+from lyre.engine.torch.prefix_cache import PrefixCache
+from lyre.engine.torch.sampling import Draw, SamplingBatch, apply_repetition_penalty, draw
+from lyre.engine.torch.transfer import to_host, upload
+from lyre.model import checkpoint, orpheus
+
+log = logging.getLogger("lyre.engine")
+
+BAND = orpheus.CODEBOOK_SIZE  # ids per frame slot
+CONSTRAINED_COLS = BAND + 1  # the slot's 4096 codes, then end-of-speech
+
+
+@dataclass(frozen=True)
+class TorchEngineConfig:
+    slots: int = 32  # KV cache slots (scheduler.max_concurrent_sessions)
+    max_batch_size: int = 16  # decoding requests per forward
+    max_seq_len: int = 4096  # tokens per slot
+    max_prefill_tokens: int = 512  # prompt tokens per forward
+    device: str = "cpu"
+    dtype: torch.dtype = torch.float32  # weights and activations
+    kv_dtype: torch.dtype = torch.float32
+    prefix_cache_bytes: int = 0  # kept prefixes' K/V (voices.prefix_cache_mb); 0 = none kept
+
+    @classmethod
+    def from_config(cls, cfg: LyreConfig) -> TorchEngineConfig:
+        device = cfg.model.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        on_gpu = device == "cuda"
+
+        def pick(name: str) -> torch.dtype:
+            if name == "auto":
+                return torch.float16 if on_gpu else torch.float32
+            return getattr(torch, name)
+
+        return cls(
+            slots=cfg.scheduler.max_concurrent_sessions,
+            max_batch_size=cfg.scheduler.max_batch_size,
+            max_seq_len=cfg.kv_cache.max_seq_len,
+            max_prefill_tokens=cfg.scheduler.max_prefill_tokens,
+            device=device,
+            dtype=pick(cfg.model.dtype),
+            kv_dtype=pick(cfg.kv_cache.dtype),
+            prefix_cache_bytes=cfg.voices.prefix_cache_mb * 2**20,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# per-request state
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The engine's state of one admitted request (owned by the engine thread)."""
+
+    request: GenerationRequest
+    order: int  # admission order: the default decode order and the prefill tie-break
+    generator: torch.Generator
+    slot: int = -1
+    num_cached: int = 0  # tokens whose K/V are in the slot
+    num_generated: int = 0
+    audio_k: int | None = None  # index of the next audio token; None before start-of-speech
+    next_input: int = -1  # token to feed at the next decode step
+    cancelled: bool = False
+    prefix_kept: bool = False  # its prefix is in the prefix cache (found there, or put there)
+    generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_cached < self.prompt_len
+
+    @property
+    def constrained(self) -> bool:
+        return self.params.constrain_audio and self.audio_k is not None
+
+
+# --------------------------------------------------------------------------------------------
+# the engine
+
+
+class TorchEngine:
+    def __init__(self, model: Llama, config: TorchEngineConfig):
+        self.model = model
+        self.cfg = config
+        self.device = torch.device(config.device)
+        self.capacity = config.slots
+        mc = model.cfg
+        self.cache = KVCache(mc, config.slots, config.max_seq_len, config.kv_dtype, self.device)
+        log.info(
+            "KV cache: %d slots x %d layers x 2 x %d kv heads x %d head dim x %d tokens x %d bytes = %.2f GiB",
+            config.slots, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.max_seq_len,
+            self.cache.k.element_size(), self.cache.nbytes / 2**30,
+        )
+        self._free_slots = list(range(config.slots))  # a heap: lowest slot first
+        self._active: dict[int, Sequence] = {}  # slot -> sequence
+        self._by_id: dict[str, Sequence] = {}  # request id -> sequence, every one holding a slot
+        self._order = itertools.count()
+        self.total_requests = self.total_tokens = self.total_steps = 0
+        self.prompt_tokens = self.prefilled_tokens = 0
+        self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
+        self._forgotten: set[str] = set()  # prefix names never to keep again (deleted voices)
+
+    @classmethod
+    def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
+        llama_cfg = checkpoint.read_llama_config(model_dir)
+        weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
+        model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
+        return cls(model, config)
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> bool:
+        """Put ``request`` into the lowest free slot (its prefill starts at the next step) and return
+        True; return False, keeping nothing, when every slot is held. Raises ValueError for a
+        request that can never run (bad ids, prompt too long, duplicate id, bad sampling values)."""
+        check_prompt(request, self.model.cfg.vocab_size, self._by_id)
+        ids = request.prompt_ids
+        if len(ids) >= self.cfg.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; a slot holds {self.cfg.max_seq_len} (kv_cache.max_seq_len), "
+                f"leaving no room to generate"
+            )
+        request.sampling.validate()
+        if not self._free_slots:
+            return False
+        seed = request.sampling.seed
+        generator = torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63))
+        seq = Sequence(request=request, order=next(self._order), generator=generator,
+                       slot=heapq.heappop(self._free_slots))
+        if ids[-1] == orpheus.START_OF_SPEECH:
+            seq.audio_k = 0
+        self._reuse_prefix(seq)
+        self.prompt_tokens += len(ids)
+        self._by_id[request.request_id] = seq
+        self._active[seq.slot] = seq
+        self.total_requests += 1
+        return True
+
+    def _reuse_prefix(self, seq: Sequence) -> None:
+        """A kept prefix's K/V into ``seq``'s slot: its prefill starts after the prefix."""
+        r = seq.request
+        if self.prefixes is None or not r.prefix_key or not 0 < r.prefix_len < len(r.prompt_ids):
+            return
+        entry = self.prefixes.get(r.prefix_key, r.prompt_ids[: r.prefix_len])
+        if entry is not None:
+            self.cache.load(seq.slot, entry.k, entry.v)
+            seq.num_cached = r.prefix_len
+            seq.prefix_kept = True
+
+    def _keep_prefix(self, seq: Sequence) -> None:
+        """Once ``seq``'s prefill has passed its prefix, keep a copy of the prefix's K/V."""
+        r = seq.request
+        if (self.prefixes is None or seq.prefix_kept or not r.prefix_key or not 0 < r.prefix_len < len(r.prompt_ids)
+                or seq.num_cached < r.prefix_len):
+            return
+        seq.prefix_kept = True
+        if any(r.prefix_key.startswith(name) for name in self._forgotten):
+            return  # admitted before its voice was deleted: it finishes, its prefix is not kept
+        ids = r.prompt_ids[: r.prefix_len]
+        if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
+            self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
+
+    def kept_prefixes(self) -> list[str]:
+        return self.prefixes.keys() if self.prefixes is not None else []
+
+    def forget_prefix(self, name: str) -> None:
+        if self.prefixes is not None:
+            self.prefixes.drop_prefix(name)
+            self._forgotten.add(name)
+
+    def cancel(self, request_id: str) -> None:
+        """End a request; its slot is free at the next step. Unknown ids are ignored."""
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            seq.cancelled = True
+
+    def has_work(self) -> bool:
+        return bool(self._by_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            capacity=self.capacity,
+            active=len(self._active),
+            waiting=0,  # no queue: add() refuses when every slot is held
+            prefilling=sum(s.prefilling for s in self._active.values()),
+            total_requests=self.total_requests,
+            total_tokens=self.total_tokens,
+            total_steps=self.total_steps,
+            kv_cache_bytes=self.cache.nbytes,
+            prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled_tokens,
+            extra=self.prefixes.stats() if self.prefixes is not None else {},
+        )
+
+    @torch.inference_mode()
+    def step(self, order: collections.abc.Sequence[str] | None = None) -> list[TokenDelta]:
+        """One iteration: schedule -> run -> postprocess. Returns this step's deltas.
+
+        ``order``: request ids allowed to decode, most urgent first; the first ``max_batch_size``
+        of them that are ready decode (unknown ids are ignored). ``None``: every ready request,
+        earliest admitted first. Prompt prefill goes on for every request still prefilling, in
+        ``order`` or not, and a request whose prefill completes samples its first token."""
+        deltas = self._reap_cancelled()
+        decode, prefill = self._schedule(order)
+        if not decode and not prefill:
+            return deltas
+        try:
+            return deltas + self._run(decode, prefill)
+        except Exception:  # a fault stays with the request that caused it: find it
+            log.exception("engine step failed; running its %d requests one at a time", len(decode) + len(prefill))
+        return deltas + self._isolate(decode, prefill)
+
+    def _run(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
+        """build -> forward -> sample -> postprocess. On failure every sequence is as it was before
+        (positions, random generators), so the step can be run again: a forward that failed midway
+        may have written K/V at these positions, and a retry writes the same positions again."""
+        seqs = decode + [seq for seq, _ in prefill]
+        saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
+        try:
+            batch, samplers = self._build(decode, prefill)
+            hidden = self.model(batch, self.cache)  # (N, H): one row per sampling sequence
+            tokens, logits, logit_ids = self._sample(samplers, hidden)
+        except Exception:
+            for s, (cached, rng) in zip(seqs, saved, strict=True):
+                s.num_cached = cached
+                s.generator.set_state(rng)
+            raise
+        self.total_steps += 1
+        for s, n in prefill:
+            self.prefilled_tokens += n
+            self._keep_prefix(s)
+        return self._postprocess(samplers, tokens, logits, logit_ids)
+
+    def _isolate(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
+        """The failed step again, one request at a time: only those that fail alone finish with an
+        error; the others get this step's tokens (the same ones, seeded, as in the batch)."""
+        deltas = []
+        for seq, alone in [(s, ([s], [])) for s in decode] + [(s, ([], [(s, n)])) for s, n in prefill]:
+            try:
+                deltas += self._run(*alone)
+            except Exception as e:  # noqa: BLE001 - this request's own fault
+                log.warning("request %s failed alone: %s: %s", seq.request.request_id, type(e).__name__, e)
+                deltas.append(self._finish(seq, "error", f"{type(e).__name__}: {e}"))
+        return deltas
+
+    # --- schedule -------------------------------------------------------------------------------
+
+    def _reap_cancelled(self) -> list[TokenDelta]:
+        return [self._finish(s, "cancelled") for s in list(self._active.values()) if s.cancelled]
+
+    def _schedule(
+        self, order: collections.abc.Sequence[str] | None
+    ) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+        """The decoding sequences (the first ``max_batch_size`` ready ones of ``order``), and
+        (sequence, chunk length) prompt chunks."""
+        if order is None:
+            candidates = sorted(self._active.values(), key=lambda s: s.order)
+        else:
+            candidates = [self._by_id[rid] for rid in dict.fromkeys(order) if rid in self._by_id]
+        decode = [s for s in candidates if not s.prefilling][: self.cfg.max_batch_size]
+        budget = self.cfg.max_prefill_tokens
+        prefill = []
+        waiting_prompts = sorted(
+            (s for s in self._active.values() if s.prefilling), key=lambda s: (-s.request.priority, s.order)
+        )
+        for seq in waiting_prompts:
+            if budget <= 0:
+                break
+            n = min(budget, seq.prompt_len - seq.num_cached)
+            prefill.append((seq, n))
+            budget -= n
+        return decode, prefill
+
+    # --- run ------------------------------------------------------------------------------------
+
+    def _build(
+        self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]
+    ) -> tuple[ForwardBatch, list[Sequence]]:
+        seqs = [(s.slot, s.num_cached, [s.next_input], True) for s in decode]
+        samplers = list(decode)
+        for s, n in prefill:
+            done = s.num_cached + n == s.prompt_len
+            seqs.append((s.slot, s.num_cached, s.request.prompt_ids[s.num_cached : s.num_cached + n], done))
+            if done:
+                samplers.append(s)
+        for s in decode:
+            s.num_cached += 1
+        for s, n in prefill:
+            s.num_cached += n
+        return ForwardBatch.build(seqs, self.device), samplers
+
+    def _sample(
+        self, seqs: list[Sequence], hidden: torch.Tensor
+    ) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """One token per sequence: constrained rows and full-vocabulary rows sampled as two
+        batches, every row's choice read back from the device in one transfer for the step."""
+        if not seqs:  # prompt chunks only
+            return [], [], []
+        logits_out: list[torch.Tensor | None] = [None] * len(seqs)
+        ids_out: list[torch.Tensor | None] = [None] * len(seqs)
+        parts = []  # (rows, their first ids, constrained, Draw)
+        constrained = [i for i, s in enumerate(seqs) if s.constrained]
+        full = [i for i, s in enumerate(seqs) if not s.constrained]
+        for rows, is_constrained in ((constrained, True), (full, False)):
+            if not rows:
+                continue
+            group = [seqs[i] for i in rows]
+            h = hidden[upload(rows, self.device)]
+            if is_constrained:
+                frame_slots = [s.audio_k % orpheus.FRAME_TOKENS for s in group]
+                logits = self._constrained_logits(frame_slots, h)  # (n, 4097)
+                first_ids = [orpheus.AUDIO_TOKEN_OFFSET + slot * BAND for slot in frame_slots]  # id of column 0
+            else:
+                logits = self.model.logits(h)  # (n, V)
+                first_ids = [0] * len(rows)
+            parts.append((rows, first_ids, is_constrained, self._draw(group, logits, first_ids, is_constrained)))
+            for j, (i, s) in enumerate(zip(rows, group, strict=True)):
+                if s.request.record_logits:
+                    logits_out[i] = logits[j].clone()
+                    ids_out[i] = self._col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
+                                               is_constrained)
+        chosen = to_host(torch.cat([d.cols for *_, d in parts]))  # the step's one read-back
+        tokens: list[int] = [0] * len(seqs)
+        at = 0
+        for rows, first_ids, is_constrained, d in parts:
+            cols = d.finish(chosen[at : at + len(rows)])
+            at += len(rows)
+            for i, first, col in zip(rows, first_ids, cols, strict=True):
+                tokens[i] = orpheus.END_OF_SPEECH if is_constrained and col == BAND else first + col
+        return tokens, logits_out, ids_out
+
+    def _constrained_logits(self, frame_slots: list[int], hidden: torch.Tensor) -> torch.Tensor:
+        """(n, 4097) logits: the 4096 codes of each row's frame slot (only those rows of lm_head
+        are computed), then end-of-speech, masked to -inf except at frame boundaries."""
+        logits = torch.empty(len(frame_slots), CONSTRAINED_COLS, device=self.device)
+        for slot in sorted(set(frame_slots)):
+            rows = upload([r for r, s in enumerate(frame_slots) if s == slot], self.device)
+            logits[rows, :BAND] = self.model.logits(hidden[rows], orpheus.AUDIO_TOKEN_OFFSET + slot * BAND, BAND)
+        eos = self.model.logits_of(hidden, orpheus.END_OF_SPEECH)  # (n,)
+        mid_frame = upload([s != 0 for s in frame_slots], self.device, torch.bool)
+        logits[:, BAND] = eos.masked_fill(mid_frame, float("-inf"))
+        return logits
+
+    @staticmethod
+    def _col_ids(cols: torch.Tensor, first_id: int, constrained: bool) -> torch.Tensor:
+        """Token ids of logits columns ``cols``: ``first_id + col``, and end-of-speech for the
+        last column of constrained rows."""
+        ids = first_id + cols
+        if constrained:
+            ids = torch.where(cols == BAND, orpheus.END_OF_SPEECH, ids)
+        return ids
+
+    def _draw(self, seqs: list[Sequence], logits: torch.Tensor, first_ids: list[int], constrained: bool) -> Draw:
+        """Chosen column per row, on the device: repetition penalty, min_tokens, then temperature /
+        top-k / top-p sampling. Decided from host values only: nothing is read back here."""
+        penalty = upload([s.params.repetition_penalty for s in seqs], self.device, torch.float32)
+        logits = apply_repetition_penalty(logits, self._history_cols(seqs, first_ids, constrained), penalty)
+        early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]
+        if early:  # min_tokens: no stop id yet
+            cells = [(j, col) for j in early
+                     for col in ([BAND] if constrained else [t for t in seqs[j].params.stop_ids if t < logits.shape[1]])]
+            if cells:
+                rows, cols = upload(cells, self.device).T
+                logits = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=self.device))
+        params = SamplingBatch(
+            temperature=[s.params.temperature for s in seqs],
+            top_k=[s.params.top_k for s in seqs],
+            top_p=[s.params.top_p for s in seqs],
+            generators=[s.generator for s in seqs],
+        )
+        return draw(logits, params)
+
+    def _history_cols(self, seqs: list[Sequence], first_ids: list[int], constrained: bool) -> torch.Tensor:
+        """(n, W) logits column of each recently generated token of each row; -1 where it has none."""
+        width = max(len(s.generated_window) for s in seqs)
+        if width == 0:
+            return torch.empty(len(seqs), 0, dtype=torch.long, device=self.device)
+
+        def col(token: int, first: int) -> int:
+            if not constrained:
+                return token
+            if token == orpheus.END_OF_SPEECH:
+                return BAND
+            return token - first if 0 <= token - first < BAND else -1
+
+        return upload([[col(t, first) for t in s.generated_window] + [-1] * (width - len(s.generated_window))
+                       for s, first in zip(seqs, first_ids, strict=True)], self.device)
+
+    # --- postprocess ----------------------------------------------------------------------------
+
+    def _postprocess(self, seqs, tokens, logits, logit_ids) -> list[TokenDelta]:
+        deltas = []
+        for s, tok, lg, ids in zip(seqs, tokens, logits, logit_ids, strict=True):
+            s.num_generated += 1
+            s.next_input = tok
+            self.total_tokens += 1
+            p = s.params
+            if p.repetition_penalty != 1.0:
+                s.generated_window.append(tok)
+                if p.repetition_window and len(s.generated_window) > p.repetition_window:
+                    s.generated_window.popleft()
+            if s.audio_k is not None and orpheus.is_audio_id(tok):
+                s.audio_k += 1
+            elif s.audio_k is None and tok == orpheus.START_OF_SPEECH:
+                s.audio_k = 0
+            reason = None
+            if tok in p.stop_ids:
+                reason = "stop"
+            elif s.num_generated >= p.max_tokens or s.num_cached >= self.cfg.max_seq_len:
+                reason = "length"
+            delta = TokenDelta(s.request.request_id, [tok])
+            if lg is not None:
+                delta.logits, delta.logits_ids = lg[None], ids[None]
+            if reason is not None:
+                self._release(s)
+                delta.finished, delta.finish_reason = True, reason
+            deltas.append(delta)
+        return deltas
+
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> TokenDelta:
+        self._release(seq)
+        return TokenDelta(seq.request.request_id, [], finished=True, finish_reason=reason, error=error)
+
+    def _release(self, seq: Sequence) -> None:
+        self._by_id.pop(seq.request.request_id, None)
+        if seq.slot >= 0 and self._active.get(seq.slot) is seq:
+            del self._active[seq.slot]
+            heapq.heappush(self._free_slots, seq.slot)
+        seq.slot = -1

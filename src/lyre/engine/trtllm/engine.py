@@ -1,0 +1,437 @@
+"""The ``TokenEngine`` contract over TensorRT-LLM's Executor bindings (an FP8 engine from build_engine.py).
+
+NOT YET RUN ON A GPU BY THIS PROJECT. No machine this project has run on had a GPU; this module
+was written against the ``tensorrt_llm.bindings.executor`` signatures of TensorRT-LLM 1.2.1 (read
+from its nanobind sources) and is tested only against ``tests/support/fake_trtllm.py``, a fake of that
+module held to a snapshot of those signatures (``tests/support/trtllm_api/bindings-1.2.1.json``;
+``tests/engine/trtllm/test_api.py`` checks every call made here against it). The
+post-processor's CUDA branch has never run. Expect to fix details the first time it meets a GPU.
+
+How it maps the contract:
+
+- ``add`` -> ``Executor.enqueue_request(Request(...))`` while fewer than ``capacity`` (the build's
+  ``max_batch_size``) requests are live, else False (nothing enqueued): streaming, token ids only
+  (no detokenisation), ``max_tokens`` (required by the binding) capped to the room left in the
+  sequence, a ``client_id`` (Lyre's own number: see the constraint), end-of-speech as
+  ``end_id`` and the other Orpheus stop ids as ``stop_words``, the sampling settings as a
+  ``SamplingConfig`` with a per-request seed (an unseeded request gets a random seed: the
+  executor would otherwise give every request seed 0 and identical prompts identical audio),
+  and the scheduler's priority (new sessions before their first audio, continuations first)
+  mapped onto the executor's 0..1 priority. Priority reorders only the executor's queue; the
+  scheduler also keeps ``scheduler.reserved_slots`` free of look-ahead work for new sessions.
+- one pump thread blocks in ``await_responses`` (it releases the GIL) and queues responses;
+  ``step()`` turns what has arrived into :class:`TokenDelta` s (one per request per step).
+- ``cancel`` -> ``cancel_request``; the request's ``cancelled`` delta comes at the next step and
+  anything the executor still sends for it is dropped.
+- ``constrain_audio`` runs as the executor's batched logits post-processor
+  (:class:`AudioConstraint`, registered before the request is enqueued): after start-of-speech
+  only the 4096 codes of the frame slot, and end-of-speech at frame boundaries, can be sampled.
+  It never raises into the executor (which would fail every request); a request whose
+  constraint fails ends alone, with an error.
+- ``stats()`` adds the executor's latest iteration statistics (iteration latency, KV blocks,
+  queued and context requests) for ``/v1/stats`` and the Prometheus metrics.
+
+Differences from the PyTorch engine: the repetition penalty covers the whole sequence (the
+executor has no window), ``record_logits`` is ignored, and the executor batches every admitted
+request each iteration, so ``step(order)`` accepts the scheduler's order and ignores it
+(``scheduler.max_batch_size`` and the batch policy do not apply; the engine's
+``build.max_batch_size`` does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from lyre.config import LyreConfig
+from lyre.engine.backend import Manifest
+from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta, check_prompt
+from lyre.engine.trtllm.constraint import AudioConstraint
+from lyre.model import orpheus
+
+log = logging.getLogger("lyre.engine")
+
+@dataclass(frozen=True)
+class TrtllmEngineConfig:
+    engine_dir: str
+    max_batch_size: int = 32  # requests the engine runs at once (the build's max_batch_size)
+    max_seq_len: int = 4096  # prompt + generated tokens per request (the build's max_seq_len)
+    max_input_len: int = 3072
+    max_num_tokens: int = 8192  # tokens per iteration across the batch
+    vocab_size: int = orpheus.VOCAB_SIZE
+    kv_bytes_per_token: int = 0  # 2 x layers x kv heads x head dim x 2 bytes; 0 = unknown
+    free_gpu_memory_fraction: float = 0.9
+    enable_block_reuse: bool = True
+    enable_chunked_context: bool = True
+    pump_timeout_ms: int = 50  # await_responses timeout: how soon the pump notices close()
+    step_wait_s: float = 0.005  # step() waits this long for a response while requests are in flight
+
+    @classmethod
+    def from_config(cls, cfg: LyreConfig, manifest: Manifest) -> TrtllmEngineConfig:
+        """Limits come from what the engine was built with (its manifest), runtime knobs from the config."""
+        b, m = manifest.build, manifest.build.get("model", {})
+        layers, kv_heads, head_dim = m.get("num_hidden_layers"), m.get("num_key_value_heads"), m.get("head_dim")
+        return cls(
+            engine_dir=cfg.build.engine_dir,
+            max_batch_size=int(b.get("max_batch_size", cfg.build.max_batch_size)),
+            max_seq_len=int(b.get("max_seq_len", cfg.build.max_seq_len)),
+            max_input_len=int(b.get("max_input_len", cfg.build.max_input_len)),
+            max_num_tokens=int(b.get("max_num_tokens", cfg.build.max_num_tokens)),
+            vocab_size=int(m.get("vocab_size", orpheus.VOCAB_SIZE)),
+            kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2 if layers and kv_heads and head_dim else 0,
+            free_gpu_memory_fraction=cfg.kv_cache.free_gpu_memory_fraction,
+            enable_block_reuse=cfg.kv_cache.enable_block_reuse,
+        )
+
+
+def executor_priority(priority: int) -> float:
+    """Scheduler priority (0 ongoing, 1 before first audio, 2 continuation) -> the executor's 0..1 (0.5 default)."""
+    return min(1.0, 0.5 + 0.25 * max(0, priority))
+
+
+# --------------------------------------------------------------------------------------------
+# the engine
+
+
+@dataclass
+class _InFlight:
+    request: GenerationRequest
+    client_id: int  # Lyre's number for it, on the executor Request (keys the audio constraint)
+    exec_id: int
+    generated: int = 0
+    cancelled: bool = False
+    failure: str | None = None  # its audio constraint failed: deliver ``good`` tokens, then end with this
+    good: int = 0
+
+
+@dataclass
+class _PumpFailure:
+    error: BaseException
+
+
+@dataclass
+class _IterationView:
+    """The parts of the executor's latest ``IterationStats`` that Lyre shows."""
+
+    iteration: int = 0
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def _load_bindings() -> ModuleType:
+    from tensorrt_llm.bindings import executor
+
+    return executor
+
+
+class TrtllmEngine:
+    """TensorRT-LLM engine behind the TokenEngine contract. Not yet run on a GPU (see the module doc)."""
+
+    def __init__(self, config: TrtllmEngineConfig, bindings: ModuleType | None = None):
+        self.cfg = config
+        self.tle = bindings if bindings is not None else _load_bindings()
+        self.capacity = config.max_batch_size
+        self.constraint = AudioConstraint()
+        tle = self.tle
+        executor_config = tle.ExecutorConfig(
+            1,  # max_beam_width
+            scheduler_config=tle.SchedulerConfig(tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT),
+            kv_cache_config=tle.KvCacheConfig(
+                enable_block_reuse=config.enable_block_reuse,
+                free_gpu_memory_fraction=config.free_gpu_memory_fraction,
+            ),
+            enable_chunked_context=config.enable_chunked_context,
+            max_batch_size=config.max_batch_size,
+            max_num_tokens=config.max_num_tokens,
+            logits_post_processor_config=tle.LogitsPostProcessorConfig(processor_batched=self.constraint),
+        )
+        self.executor = tle.Executor(Path(config.engine_dir), tle.ModelType.DECODER_ONLY, executor_config)
+        self._inbox: queue.Queue[Any] = queue.Queue()
+        self._live: dict[str, _InFlight] = {}  # request id -> in flight
+        self._by_exec: dict[int, _InFlight] = {}
+        self._cancelled: list[_InFlight] = []
+        self._failing: dict[str, _InFlight] = {}  # request id -> live request whose constraint failed
+        self._failed: str | None = None
+        self._client_ids = itertools.count(1)
+        self._iter = _IterationView()
+        self.total_requests = self.total_tokens = 0
+        self._running = True
+        self._pump = threading.Thread(target=self._pump_loop, name="lyre-trtllm-pump", daemon=True)
+        self._pump.start()
+
+    # --- the pump thread ------------------------------------------------------------------------
+
+    def _pump_loop(self) -> None:
+        wait = timedelta(milliseconds=self.cfg.pump_timeout_ms)
+        while self._running:
+            try:
+                responses = self.executor.await_responses(timeout=wait)
+            except Exception as e:  # the executor is gone: every request fails at the next step
+                if self._running:
+                    log.exception("TensorRT-LLM await_responses failed")
+                    self._inbox.put(_PumpFailure(e))
+                return
+            for response in responses:
+                self._inbox.put(response)
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def add(self, request: GenerationRequest) -> bool:
+        """Enqueue ``request`` with the executor and return True; return False, enqueueing nothing,
+        when ``capacity`` requests are already live. Raises ValueError for a request that can never run."""
+        if self._failed is not None:
+            raise ValueError(f"the TensorRT-LLM executor failed: {self._failed}")
+        check_prompt(request, self.cfg.vocab_size, self._live)
+        ids = request.prompt_ids
+        if len(ids) > self.cfg.max_input_len or len(ids) >= self.cfg.max_seq_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens; the engine was built for prompts up to {self.cfg.max_input_len} "
+                f"(build.max_input_len) within {self.cfg.max_seq_len} tokens (build.max_seq_len)"
+            )
+        request.sampling.validate()
+        if len(self._live) >= self.capacity:
+            return False
+        client_id = next(self._client_ids)
+        executor_request = self.to_executor_request(request, client_id)
+        if request.sampling.constrain_audio:  # before enqueueing: see AudioConstraint
+            self.constraint.register(client_id, list(ids), request.sampling.min_tokens)
+        try:
+            exec_id = self.executor.enqueue_request(executor_request)
+        except BaseException:
+            self.constraint.drop(client_id)
+            self.constraint.failed.pop(client_id, None)
+            raise
+        flight = _InFlight(request, client_id, exec_id)
+        self._live[request.request_id] = flight
+        self._by_exec[exec_id] = flight
+        self.total_requests += 1
+        return True
+
+    def to_executor_request(self, request: GenerationRequest, client_id: int) -> Any:
+        """The executor ``Request`` for ``request`` (pure translation; no executor call)."""
+        tle, p = self.tle, request.sampling
+        greedy = p.temperature == 0
+        sampling = tle.SamplingConfig(
+            1,  # beam_width
+            top_k=1 if greedy else (p.top_k or None),
+            top_p=None if greedy else p.top_p,
+            temperature=None if greedy else p.temperature,
+            seed=p.seed if p.seed is not None else random.getrandbits(63),
+            min_tokens=p.min_tokens or None,
+            repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        )
+        end_id = orpheus.END_OF_SPEECH if orpheus.END_OF_SPEECH in p.stop_ids else p.stop_ids[0]
+        stop_words = [[t] for t in p.stop_ids if t != end_id]
+        return tle.Request(
+            list(request.prompt_ids),
+            min(p.max_tokens, self.cfg.max_seq_len - len(request.prompt_ids)),
+            streaming=True,
+            sampling_config=sampling,
+            output_config=tle.OutputConfig(exclude_input_from_output=True),
+            end_id=end_id,
+            pad_id=orpheus.PAD,
+            stop_words=stop_words or None,
+            priority=executor_priority(request.priority),
+            logits_post_processor_name=tle.Request.BATCHED_POST_PROCESSOR_NAME if p.constrain_audio else None,
+            client_id=client_id,
+        )
+
+    def cancel(self, request_id: str) -> None:
+        """End a request: ``cancel_request`` now, its ``cancelled`` delta at the next step. Unknown ids are ignored."""
+        flight = self._live.get(request_id)
+        if flight is None or flight.cancelled:
+            return
+        flight.cancelled = True  # whatever the executor still sends for it is dropped
+        self._cancelled.append(flight)
+        self._abort(flight)
+
+    def _abort(self, flight: _InFlight) -> None:
+        """Stop ``flight`` inside the executor."""
+        try:
+            self.executor.cancel_request(flight.exec_id)
+        except Exception:  # already finished inside the executor: nothing to cancel
+            log.debug("cancel_request(%d) failed", flight.exec_id, exc_info=True)
+
+    def kept_prefixes(self) -> list[str]:
+        return []  # (the executor's block reuse keeps blocks by their tokens)
+
+    def forget_prefix(self, name: str) -> None:
+        """Nothing to drop: the executor's KV block reuse keys blocks by their tokens, and blocks of a
+        deleted voice's prefix are evicted as they go unused."""
+
+    def has_work(self) -> bool:
+        return bool(self._live)
+
+    def step(self, order: Sequence[str] | None = None) -> list[TokenDelta]:
+        """Turn the responses that have arrived into deltas (waits ``step_wait_s`` for the first).
+        ``order`` is accepted and ignored: the executor batches every admitted request by itself."""
+        deltas: dict[str, TokenDelta] = {}
+        for flight in self._cancelled:
+            deltas[flight.request.request_id] = self._finish(flight, "cancelled")
+        self._cancelled.clear()
+        self._take_constraint_failures()
+        for item in self._drain():
+            if isinstance(item, _PumpFailure):
+                self._failed = f"{type(item.error).__name__}: {item.error}"
+                for flight in list(self._live.values()):
+                    deltas[flight.request.request_id] = self._finish(flight, "error", self._failed)
+                continue
+            self._on_response(item, deltas)
+        for flight in list(self._failing.values()):  # every token sampled under the constraint is out: it ends
+            if flight.generated >= flight.good:
+                self._end_failed(flight, deltas)
+        self._poll_iteration_stats()
+        return list(deltas.values())
+
+    def _take_constraint_failures(self) -> None:
+        """Adopt the failures the constraint recorded since the last step (ids no longer live are
+        dropped: they finished meanwhile)."""
+        if not self.constraint.failed:  # usually empty: no scan of the live requests
+            return
+        live = {f.client_id: f for f in self._live.values()}
+        for client_id in list(self.constraint.failed):
+            if client_id in live:
+                self._adopt_failure(live[client_id])
+            else:
+                self.constraint.failed.pop(client_id, None)
+
+    def _adopt_failure(self, flight: _InFlight) -> None:
+        """``flight``'s constraint failed: it is stopped in the executor and ends once the tokens
+        sampled before the failure (some may still be on their way) are delivered, and no others.
+        Its constraint is dropped first, so the executor cannot record a later failure for it."""
+        self.constraint.drop(flight.client_id)
+        why, good = self.constraint.failed.pop(flight.client_id)
+        if flight.failure is None:
+            flight.failure, flight.good = why, good
+            self._failing[flight.request.request_id] = flight
+            self._abort(flight)
+        else:
+            flight.good = min(flight.good, good)
+
+    def _end_failed(self, flight: _InFlight, deltas: dict[str, TokenDelta]) -> None:
+        rid = flight.request.request_id
+        tokens = deltas[rid].token_ids if rid in deltas else []
+        deltas[rid] = self._finish(flight, "error", flight.failure, tokens)
+
+    def _drain(self) -> list[Any]:
+        items = []
+        try:
+            if self._live:
+                items.append(self._inbox.get(timeout=self.cfg.step_wait_s))
+            while True:
+                items.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
+        flight = self._by_exec.get(response.request_id)
+        if flight is not None and flight.failure is None and flight.client_id in self.constraint.failed:
+            self._adopt_failure(flight)  # failed after this step's check: this response may be unconstrained
+        if flight is None or flight.cancelled:  # finished or cancelled already: late responses are dropped
+            if flight is None and response.has_error():
+                log.warning("TensorRT-LLM error for request %s: %s", response.request_id, response.error_msg)
+            return
+        rid = flight.request.request_id
+        delta = deltas.setdefault(rid, TokenDelta(rid, []))
+        if response.has_error():
+            deltas[rid] = self._finish(flight, "error", flight.failure or response.error_msg, delta.token_ids)
+            return
+        result = response.result
+        new = list(result.output_token_ids[0]) if result.output_token_ids else []
+        limit = flight.good if flight.failure is not None else flight.request.sampling.max_tokens
+        new = new[:max(limit - flight.generated, 0)]  # nothing sampled without the constraint goes out
+        flight.generated += len(new)
+        self.total_tokens += len(new)
+        delta.token_ids.extend(new)
+        if flight.failure is not None:
+            if result.is_final or flight.generated >= flight.good:
+                self._end_failed(flight, deltas)
+        elif result.is_final:
+            reasons = list(result.finish_reasons or [])
+            deltas[rid] = self._finish(flight, self._reason(reasons[0] if reasons else None), None, delta.token_ids)
+
+    def _reason(self, finish: Any) -> FinishReason:
+        fr = self.tle.FinishReason
+        if finish in (fr.END_ID, fr.STOP_WORDS):
+            return "stop"
+        if finish == fr.CANCELLED:
+            return "cancelled"
+        if finish == fr.TIMED_OUT:
+            return "error"
+        return "length"  # LENGTH, or NOT_FINISHED on a final response: the token budget ran out
+
+    def _finish(self, flight: _InFlight, reason: FinishReason, error: str | None = None,
+                tokens: list[int] | None = None) -> TokenDelta:
+        self._live.pop(flight.request.request_id, None)
+        self._failing.pop(flight.request.request_id, None)
+        self._by_exec.pop(flight.exec_id, None)
+        self.constraint.drop(flight.client_id)
+        self.constraint.failed.pop(flight.client_id, None)
+        if reason == "error" and error is None:
+            error = "the executor timed out the request"
+        return TokenDelta(flight.request.request_id, tokens or [], finished=True, finish_reason=reason, error=error)
+
+    # --- statistics -----------------------------------------------------------------------------
+
+    def _poll_iteration_stats(self) -> None:
+        try:
+            stats = self.executor.get_latest_iteration_stats()
+        except Exception:
+            return
+        if not stats:
+            return
+        s = stats[-1]
+        values: dict[str, float] = {
+            "iter_latency_ms": float(s.iter_latency_ms),
+            "active_requests": float(s.num_active_requests),
+            "queued_requests": float(s.num_queued_requests),
+            "gpu_mem_usage_bytes": float(s.gpu_mem_usage),
+        }
+        kv = s.kv_cache_stats  # optional: an iteration may come without it; the last known figures stay
+        if kv is not None:
+            values.update(kv_blocks_max=float(kv.max_num_blocks), kv_blocks_free=float(kv.free_num_blocks),
+                          kv_blocks_used=float(kv.used_num_blocks), kv_tokens_per_block=float(kv.tokens_per_block))
+        else:
+            values.update({k: v for k, v in self._iter.values.items() if k.startswith("kv_")})
+        ifb = s.inflight_batching_stats  # optional too
+        if ifb is not None:
+            values.update(context_requests=float(ifb.num_context_requests),
+                          generation_requests=float(ifb.num_gen_requests))
+        self._iter = _IterationView(int(s.iter), values)
+
+    def stats(self) -> EngineStats:
+        v = self._iter.values
+        queued = min(int(v.get("queued_requests", 0)), len(self._live))  # inside the executor (KV memory short)
+        active = len(self._live) - queued
+        kv_bytes = int(v.get("kv_blocks_max", 0) * v.get("kv_tokens_per_block", 0) * self.cfg.kv_bytes_per_token)
+        return EngineStats(
+            capacity=self.capacity,
+            active=active,
+            waiting=queued,
+            prefilling=min(int(v.get("context_requests", 0)), active),
+            total_requests=self.total_requests,
+            total_tokens=self.total_tokens,
+            total_steps=self._iter.iteration,
+            kv_cache_bytes=kv_bytes,
+            backend="trtllm",
+            extra=dict(v),
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the pump and shut the executor down (in-flight requests end)."""
+        if not self._running:
+            return
+        self._running = False
+        self._pump.join()
+        self.executor.shutdown()

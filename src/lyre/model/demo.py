@@ -1,0 +1,339 @@
+"""The demo checkpoint: a small seeded random Orpheus-shaped Llama, its tokenizer, and SNAC.
+
+It is written in the formats of the real downloads (Hugging Face ``config.json`` +
+``model.safetensors`` + ``tokenizer.json``; SNAC ``config.json`` + ``pytorch_model.bin``), so the
+loading code is the one real checkpoints use. Every id of the Orpheus protocol is real: the Llama
+has Orpheus's 156940-id vocabulary, and the tokenizer places Llama 3's and Orpheus's special tokens
+at their ids while its text ids stay below 128000.
+
+The weights are random: the audio it produces is NOISE. The files are byte-identical on every run
+with the same seed and library versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from lyre.model import orpheus
+
+DEMO_FORMAT = 2  # bump when the demo's contents change; ensure_demo() then rewrites it
+MARKER = "lyre-demo.json"
+
+SNAC_24KHZ_CONFIG: dict[str, Any] = {
+    "sampling_rate": 24000,
+    "encoder_dim": 48,
+    "encoder_rates": [2, 4, 8, 8],
+    "decoder_dim": 1024,
+    "decoder_rates": [8, 8, 4, 2],
+    "attn_window_size": None,
+    "codebook_size": 4096,
+    "codebook_dim": 8,
+    "vq_strides": [4, 2, 1],
+    "noise": True,
+    "depthwise": True,
+}
+
+# Orpheus's architecture in miniature: GQA ratio 3 (24/8 in the real model), llama3 RoPE scaling,
+# tied embeddings, the full Orpheus vocabulary.
+DEMO_LLAMA_CONFIG: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": orpheus.VOCAB_SIZE,
+    "hidden_size": 192,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "bos_token_id": orpheus.BOS,
+    "eos_token_id": orpheus.END_OF_SPEECH,
+    "pad_token_id": orpheus.PAD,
+    "initializer_range": 0.02,
+    "torch_dtype": "bfloat16",
+}
+
+_DEMO_README = """\
+# Lyre demo checkpoint — NOT A REAL MODEL
+
+Written by `lyre checkpoint demo`. The weights are seeded random numbers: everything
+this checkpoint "says" is noise. It exists so that Lyre runs end to end, and its tests run, on a
+machine without the real Orpheus weights. Set `model.path` or download `model.hf_id` for speech.
+"""
+
+# Text the demo tokenizer's byte-level BPE is trained on (merges only; any text still encodes).
+_CORPUS = [
+    "Hello world, this is Lyre speaking.",
+    "Thanks for calling, how can I help you today?",
+    "Please hold while I transfer your call to the next available agent.",
+    "Your appointment is confirmed for Tuesday at three thirty in the afternoon.",
+    "I'm sorry, I didn't quite catch that. Could you say it again?",
+    "The quick brown fox jumps over the lazy dog.",
+    "She sells sea shells by the sea shore, and the shells she sells are surely seashells.",
+    "It was a bright cold day in April, and the clocks were striking thirteen.",
+    "Well, <laugh> that is the funniest thing I have heard all week.",
+    "Oh no <sigh> the train is late again, so we'll have to wait.",
+    "Can you believe it? <gasp> We actually won the game!",
+    "Let me check your account balance: it is one hundred and twenty dollars.",
+    "The meeting has been moved to Friday, the twenty-first of November.",
+    "Numbers like 42, 1999 and 3.14 should be read clearly.",
+    "Good morning! The weather today is sunny with a light breeze from the west.",
+    "We're open from nine a.m. to five p.m., Monday through Friday.",
+    "Turn left at the next intersection, then continue for two hundred meters.",
+    "Would you like to hear the menu again, or speak to someone directly?",
+]
+_CORPUS += [f"{voice}: {line}" for voice in orpheus.VOICES for line in _CORPUS[:4]]
+
+# Llama 3's pre-tokenizer split: contractions, letters, 1-3 digit groups, punctuation, spaces.
+_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _special_token_names() -> list[str]:
+    """Names of ids 128000..156939, as in Llama 3 + Orpheus."""
+    names: dict[int, str] = {
+        128000: "<|begin_of_text|>",
+        128001: "<|end_of_text|>",
+        128004: "<|finetune_right_pad_id|>",
+        128006: "<|start_header_id|>",
+        128007: "<|end_header_id|>",
+        128008: "<|eom_id|>",
+        128009: "<|eot_id|>",
+        128010: "<|python_tag|>",
+    }
+    reserved = 0
+    out = []
+    for i in range(orpheus.TEXT_VOCAB_END, orpheus.CUSTOM_TOKEN_BASE):
+        if i not in names:
+            names[i] = f"<|reserved_special_token_{reserved}|>"
+            reserved += 1
+        out.append(names[i])
+    out += [f"<custom_token_{i}>" for i in range(orpheus.VOCAB_SIZE - orpheus.CUSTOM_TOKEN_BASE)]
+    return out
+
+
+def build_demo_tokenizer(text_vocab: int = 2048) -> Any:
+    """A Llama-3-style byte-level BPE ``tokenizers.Tokenizer`` with Orpheus's special ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=text_vocab,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS, trainer)
+
+    spec = json.loads(tok.to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    # Pad the model vocabulary to exactly 128000 entries so the added tokens land at Orpheus's ids.
+    # The fillers are never produced: no merge leads to them.
+    for i in range(len(vocab), orpheus.TEXT_VOCAB_END):
+        vocab[f"<|lyre_demo_unused_{i}|>"] = i
+    spec["added_tokens"] = [
+        {
+            "id": orpheus.TEXT_VOCAB_END + i,
+            "content": name,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, name in enumerate(_special_token_names())
+    ]
+    tok = Tokenizer.from_str(json.dumps(spec))
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|begin_of_text|> $A",
+        pair="<|begin_of_text|> $A <|begin_of_text|> $B",
+        special_tokens=[("<|begin_of_text|>", orpheus.BOS)],
+    )
+    assert tok.token_to_id("<custom_token_10>") == orpheus.AUDIO_TOKEN_OFFSET
+    assert tok.get_vocab_size() == orpheus.VOCAB_SIZE
+    return tok
+
+
+def random_llama_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights with Hugging Face Llama names, in ``config['torch_dtype']``.
+
+    Uses numpy's PCG64 so the values do not depend on the torch version.
+    """
+    rng = np.random.Generator(np.random.PCG64(seed))
+    std = float(config.get("initializer_range", 0.02))
+    h = config["hidden_size"]
+    nh, nkv = config["num_attention_heads"], config["num_key_value_heads"]
+    hd = config.get("head_dim") or h // nh
+    inter = config["intermediate_size"]
+    dtype = getattr(torch, config.get("torch_dtype", "float32"))
+
+    def normal(*shape: int) -> torch.Tensor:
+        return torch.from_numpy(rng.standard_normal(shape, dtype=np.float32) * std).to(dtype)
+
+    def norm_weight() -> torch.Tensor:  # near 1, not exactly, so a misapplied norm shows in tests
+        return torch.from_numpy(1.0 + 0.1 * rng.standard_normal(h, dtype=np.float32)).to(dtype)
+
+    w: dict[str, torch.Tensor] = {"model.embed_tokens.weight": normal(config["vocab_size"], h)}
+    for i in range(config["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = norm_weight()
+        w[p + "self_attn.q_proj.weight"] = normal(nh * hd, h)
+        w[p + "self_attn.k_proj.weight"] = normal(nkv * hd, h)
+        w[p + "self_attn.v_proj.weight"] = normal(nkv * hd, h)
+        w[p + "self_attn.o_proj.weight"] = normal(h, nh * hd)
+        w[p + "post_attention_layernorm.weight"] = norm_weight()
+        w[p + "mlp.gate_proj.weight"] = normal(inter, h)
+        w[p + "mlp.up_proj.weight"] = normal(inter, h)
+        w[p + "mlp.down_proj.weight"] = normal(h, inter)
+    w["model.norm.weight"] = norm_weight()
+    if not config.get("tie_word_embeddings", False):
+        w["lm_head.weight"] = normal(config["vocab_size"], h)
+    return w
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def write_llama_checkpoint(
+    out_dir: Path,
+    config: dict[str, Any],
+    seed: int,
+    tokenizer: Any | None = None,
+    max_shard_bytes: int | None = None,
+) -> Path:
+    """Write a random Llama in Hugging Face format; sharded with an index when it exceeds
+    ``max_shard_bytes``. Used for the demo and for tests of other model shapes."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    weights = random_llama_weights(config, seed)
+    _write_json(out_dir / "config.json", config)
+    _write_json(
+        out_dir / "generation_config.json",
+        {
+            "bos_token_id": orpheus.BOS,
+            "eos_token_id": list(orpheus.STOP_IDS),
+            "pad_token_id": orpheus.PAD,
+            "do_sample": True,
+            "temperature": 0.6,
+            "top_p": 0.8,
+            "repetition_penalty": 1.1,
+        },
+    )
+    metadata = {"format": "pt"}
+    sizes = {k: t.numel() * t.element_size() for k, t in weights.items()}
+    if max_shard_bytes is None or sum(sizes.values()) <= max_shard_bytes:
+        save_file(weights, str(out_dir / "model.safetensors"), metadata=metadata)
+    else:
+        shards: list[dict[str, torch.Tensor]] = [{}]
+        used = 0
+        for name, t in weights.items():
+            if shards[-1] and used + sizes[name] > max_shard_bytes:
+                shards.append({})
+                used = 0
+            shards[-1][name] = t
+            used += sizes[name]
+        weight_map = {}
+        for i, shard in enumerate(shards):
+            fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out_dir / fname), metadata=metadata)
+            weight_map.update({name: fname for name in shard})
+        _write_json(
+            out_dir / "model.safetensors.index.json",
+            {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map},
+        )
+    if tokenizer is not None:
+        tokenizer.save(str(out_dir / "tokenizer.json"))
+        _write_json(
+            out_dir / "tokenizer_config.json",
+            {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "model_max_length": 131072,
+             "tokenizer_class": "PreTrainedTokenizerFast"},
+        )
+    return out_dir
+
+
+def write_snac_checkpoint(out_dir: Path, seed: int) -> Path:
+    """SNAC with the 24 kHz configuration and seeded random weights, as ``pytorch_model.bin``."""
+    from snac import SNAC
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_json(out_dir / "config.json", SNAC_24KHZ_CONFIG)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = SNAC(**SNAC_24KHZ_CONFIG)
+    torch.save(model.state_dict(), out_dir / "pytorch_model.bin")
+    return out_dir
+
+
+def _digest(root: Path) -> dict[str, str]:
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MARKER)
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+def write_demo(out_dir: Path, seed: int = 0) -> Path:
+    """Write the demo checkpoint to ``out_dir`` (``llama/`` and ``snac/``), replacing it atomically."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".lyre-demo-", dir=out_dir.parent))
+    try:
+        write_llama_checkpoint(tmp / "llama", DEMO_LLAMA_CONFIG, seed, tokenizer=build_demo_tokenizer())
+        (tmp / "llama" / "README.md").write_text(_DEMO_README)
+        write_snac_checkpoint(tmp / "snac", seed)
+        marker = {"format": DEMO_FORMAT, "seed": seed, "files": _digest(tmp)}
+        _write_json(tmp / MARKER, marker)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir
+
+
+def demo_is_current(out_dir: Path, seed: int = 0) -> bool:
+    """True when ``out_dir`` holds a complete demo of this format and seed (files not re-hashed)."""
+    try:
+        marker = json.loads((Path(out_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    if marker.get("format") != DEMO_FORMAT or marker.get("seed") != seed:
+        return False
+    return all((Path(out_dir) / name).is_file() for name in marker.get("files", {}))
+
+
+def ensure_demo(out_dir: Path, seed: int = 0) -> Path:
+    """The demo checkpoint at ``out_dir``, written first if missing, stale or incomplete."""
+    if not demo_is_current(out_dir, seed):
+        write_demo(out_dir, seed)
+    return Path(out_dir)

@@ -1,0 +1,114 @@
+"""Lyre production server: REST + WebSocket (aiohttp) and gRPC (grpc.aio) over one engine.
+
+  lyre serve --config config/model_config.yaml --port 8000 [--grpc-port 50051]
+             [--host 0.0.0.0] [--set section.key=value ...]
+
+(``production_server.py`` in the repository runs the same.)
+
+GET /health is liveness (200 while the engine runs); GET /ready and the gRPC health of the
+synthesis services say "send me new callers" (503 / NOT_SERVING while admission is full or
+draining). On SIGINT/SIGTERM it stops accepting requests (/ready turns 503; idle WebSockets close
+with 1001),
+lets in-flight streams finish within server.drain_timeout_s, cancels the rest on every protocol
+(each told why: an SSE/WebSocket error message, gRPC UNAVAILABLE/CANCELLED, a cut REST body) and
+exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from aiohttp import web
+
+from lyre.api.common import InFlight
+from lyre.api.http.app import create_app
+from lyre.config import ConfigError, add_config_arguments, apply_overrides, config_from_args
+from lyre.model import checkpoint
+from lyre.service.tts import LyreError, TTSService
+
+log = logging.getLogger("lyre.server")
+
+UNWIND_S = 2.0  # after the drain: for cancelled handlers to send their last message, idle connections to close
+
+
+async def serve(service: TTSService) -> int:
+    cfg = service.config.server
+    inflight = InFlight(cfg.max_connections_per_client, cfg.trusted_proxies)
+    async with service:
+        runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
+        await runner.setup()
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        http_port = runner.addresses[0][1] if runner.addresses else cfg.port
+        grpc_server = health = None
+        grpc_port = 0
+        if cfg.grpc_port:
+            from lyre.api.grpc.server import follow_readiness, start_grpc
+
+            grpc_server, grpc_port, health = await start_grpc(service, inflight, cfg.host, cfg.grpc_port)
+            readiness = asyncio.get_running_loop().create_task(follow_readiness(service, inflight, health))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        model = service.model
+        log.info("model: %s; engine backend: %s (%s)", model.source, service.backend.name, service.backend.reason)
+        if model.is_demo:
+            log.warning("serving the DEMO checkpoint: every response is NOISE, not speech")
+        # Tests and scripts wait for this line.
+        print(f"Lyre ready: http://{cfg.host}:{http_port} grpc {cfg.host}:{grpc_port or 'off'}", flush=True)
+        await stop.wait()
+
+        if cfg.drain_notice_s:  # /ready and the gRPC health say "draining" first; requests are still taken
+            log.info("shutting down: announcing the drain for %.1f s", cfg.drain_notice_s)
+            inflight.announce_drain()
+            await asyncio.sleep(cfg.drain_notice_s)
+        log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
+        inflight.start_draining()  # new requests get 503 / UNAVAILABLE; idle WebSockets close now
+        if health is not None:
+            readiness.cancel()
+            await health.enter_graceful_shutdown()
+        drained = await inflight.wait_idle(cfg.drain_timeout_s)
+        if not drained:
+            log.warning("drain timeout: cancelling %d stream(s)", inflight.cancel_all())
+            await inflight.wait_idle(UNWIND_S)  # each tells its client why as it unwinds
+        if grpc_server is not None:
+            await grpc_server.stop(grace=0 if not drained else 1)
+        await site.stop()
+        await runner.cleanup()
+    log.info("stopped")
+    return 0
+
+
+def main(argv=None, prog: str | None = None) -> int:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(p)
+    p.add_argument("--host", help="interface (default: server.host)")
+    p.add_argument("--port", type=int, help="REST + WebSocket port (default: server.port; 0 = any free port)")
+    p.add_argument("--grpc-port", type=int, help="gRPC port (default: server.grpc_port; 0 = off)")
+    p.add_argument("--baseline", choices=["transformers"],
+                   help="serve the benchmark peer instead of Lyre's engine: transformers generate + one SNAC "
+                        "decode, one request at a time (for benchmark.py --baseline)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        overrides = {f"server.{k}": v for k, v in (("host", args.host), ("port", args.port),
+                                                   ("grpc_port", args.grpc_port)) if v is not None}
+        cfg = apply_overrides(cfg, overrides)
+        if args.baseline:
+            from lyre.benchmarks.baseline import TransformersBaseline
+
+            service = TransformersBaseline(cfg)
+        else:
+            service = TTSService(cfg)
+        return asyncio.run(serve(service))
+    except (ConfigError, checkpoint.CheckpointError, LyreError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+

@@ -1,0 +1,418 @@
+"""``TTSService``: the library API — text in, streaming 24 kHz PCM out — usable without any server.
+
+    async with TTSService.from_config("config/model_config.yaml") as tts:
+        async for chunk in tts.stream("Hello world", voice="tara"):
+            play(chunk.pcm)                      # int16, 24 kHz, mono
+        audio = await tts.synthesize("Bye now")  # whole result with metrics
+
+One engine thread owns the scheduler, the token engine and the codec. The asyncio side validates
+requests, takes a place at the admission gate (overload is refused at once), and talks to the
+engine thread only by message; audio comes back through ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from lyre.audio.watermark import Marker, Watermark
+from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
+from lyre.config import LyreConfig, WatermarkConfig, apply_overrides, load_config
+from lyre.core.admission import AdmissionGate, Overloaded
+from lyre.core.engine_loop import EngineLoop
+from lyre.core.metrics import Metrics
+from lyre.core.pipeline import AudioPipeline
+from lyre.core.scheduler import Scheduler
+from lyre.core.session import Segment, Session
+from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
+from lyre.engine.base import SamplingParams
+from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
+from lyre.errors import (
+    InvalidRequest,
+    LyreError,
+    OutOfRange,
+    OverloadedError,
+    ServiceUnavailable,
+    SynthesisCancelled,
+    SynthesisFailed,
+    SynthesisTimeout,
+    TextTooLong,
+    UnknownVoice,
+)
+from lyre.model import checkpoint, orpheus
+from lyre.service.options import SynthesisRequest, parse
+from lyre.service.stream import Audio, AudioChunk, SpeechStream
+from lyre.service.text import MAX_SEGMENT_CHARS, split_text
+from lyre.service.utterance import Utterance
+from lyre.service.voices import Voices
+from lyre.storage.db import default_url, open_database
+from lyre.storage.registry import Voice
+from lyre.trust.accounts import DEFAULT_ACCOUNT
+from lyre.trust.audit import AuditEntry, AuditTrail
+
+log = logging.getLogger("lyre.service")
+
+
+# the errors are defined in lyre.errors and importable from here too
+__all__ = ["InvalidRequest", "LyreError", "OutOfRange", "OverloadedError", "ServiceUnavailable", "SynthesisCancelled",
+           "SynthesisFailed", "SynthesisTimeout", "TextTooLong", "UnknownVoice", "TTSService", "SpeechStream",
+           "Audio", "AudioChunk"]
+
+
+# --------------------------------------------------------------------------------------------
+# the service
+
+
+SEGMENT_PROMPT_TOKENS = 160  # room a segment's own prompt needs beside a reference turn (~280 characters)
+
+
+def _cpu_runtime(runtime: str, device: str) -> bool:
+    """Does a CPU runtime of its own (onnxruntime, openvino) run the streaming codec? Then the codec
+    and the engine can decode and step on separate cores at once (``codec.overlap: auto``)."""
+    try:
+        return resolve_runtime(runtime, device) != "torch"
+    except CodecError:
+        return False  # build_codec says why
+
+
+class TTSService:
+    def __init__(self, config: LyreConfig):
+        self.config = config
+        self.metrics = Metrics()
+        self.gate = AdmissionGate(config.scheduler.max_concurrent_sessions, config.scheduler.max_pending)
+        self._ids = itertools.count()
+        self._loop: EngineLoop | None = None
+        self.scheduler: Scheduler | None = None
+        self.model: checkpoint.ResolvedModel | None = None
+        self.tokenizer: Any = None
+        self.backend: Any = None  # BackendChoice once loaded
+        self.voices = Voices(config)  # cloned voices (the registry opens with the service)
+        self._sweeper: asyncio.Task | None = None
+        self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
+        self.audit: AuditTrail | None = None
+        w = config.watermark
+        self.watermark = Watermark(w.key, w.strength_db, w.threshold)  # marks outputs (when enabled), verifies uploads
+        if w.enabled and w.key == WatermarkConfig.key:
+            log.warning("watermark.key is the published default: set your own so that only you can detect the mark")
+
+    @classmethod
+    def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, **overrides: Any) -> TTSService:
+        """``overrides`` are dotted keys, e.g. ``**{"scheduler.max_batch_size": 8}`` or
+        ``scheduler__max_batch_size=8``."""
+        dotted = {k.replace("__", "."): v for k, v in overrides.items()}
+        if isinstance(path_or_config, LyreConfig):
+            return cls(apply_overrides(path_or_config, dotted))
+        return cls(load_config(path_or_config, dotted))
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> TTSService:
+        await asyncio.to_thread(self._load)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_deleted_voices())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def _load(self) -> None:
+        cfg = self.config
+        env = probe_environment() if cfg.model.backend != "torch" else Environment()
+        try:
+            choice = select_backend(cfg.model.backend, cfg.build.engine_dir, env)
+        except BackendError as e:
+            raise LyreError(str(e)) from None
+        # first: a database that cannot be opened stops the start at once, naming it
+        self.database = open_database(cfg.voices.database_url or default_url(cfg.data_dir))
+        self.voices.open(self.database)
+        self.audit = AuditTrail(self.database, cfg.audit)
+        self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
+        self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
+        cores = os.cpu_count() or 2
+        engine_threads = cfg.model.cpu_threads or max(1, cores // 2)
+        if choice.name == "trtllm":
+            engine, device, description = self._trtllm_engine(env)
+        else:
+            engine_cfg = TorchEngineConfig.from_config(cfg)
+            if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
+                torch.set_num_threads(engine_threads)
+            engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
+            device, description = engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
+        codec_device = cfg.codec.device if cfg.codec.device != "auto" else device
+        on_gpu = codec_device == "cuda"
+        codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
+        snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
+        configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
+        room = cfg.kv_cache.max_seq_len - cfg.sampling.max_tokens
+        if choice.name == "trtllm":
+            room = min(room, cfg.build.max_input_len)
+        self.voices.attach(snac, self.tokenizer, self.model.snac_dir, self.model.source, room - SEGMENT_PROMPT_TOKENS)
+        overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and (on_gpu or (
+            cfg.codec.mode == "stream" and cores >= 2 and _cpu_runtime(cfg.codec.runtime, codec_device))))
+        # the CPU codec runtime's threads: every core between engine steps, the engine's spare cores beside them
+        codec_threads = cfg.codec.cpu_threads or (max(1, cores - engine_threads) if overlap else cores)
+        try:
+            codec = build_codec(cfg.codec, snac, codec_device, codec_dtype, codec_threads)
+        except CodecError as e:
+            raise LyreError(str(e)) from None
+        settings = StreamSettings(
+            context_frames=cfg.codec.context_frames,
+            first_flush_frames=cfg.scheduler.flush_first_n_tokens // orpheus.FRAME_TOKENS,
+            every_flush_frames=cfg.scheduler.flush_every_n_tokens // orpheus.FRAME_TOKENS,
+            max_chunk_frames=cfg.codec.max_chunk_frames,
+            warmup_frames=cfg.codec.warmup_frames,
+        )
+        warm_up(codec, settings)  # the first caller does not pay the codec's first runs
+        audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, self.metrics, overlap,
+                              cfg.scheduler.first_chunk)
+        self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)
+        self._loop = EngineLoop(self.scheduler)
+        self._loop.start()
+        self.voices.on_delete.append(self._forget_voice)
+        self.backend = choice
+        log.info("engine: %s; %s; model %s%s", description, choice.reason, self.model.source,
+                 " — DEMO, audio is noise" if self.model.is_demo else "")
+
+    def _trtllm_engine(self, env: Environment) -> tuple[Any, str, str]:
+        """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
+        from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
+
+        cfg = self.config
+        try:
+            manifest = check_manifest(cfg.build.engine_dir, env)
+        except BackendError as e:
+            raise LyreError(str(e)) from None
+        if self.model.is_demo and Path(manifest.model_source).resolve() != self.model.llama_dir.resolve():
+            raise LyreError(
+                f"the engine in {cfg.build.engine_dir} was built from {manifest.model_source}, but the tokenizer and "
+                f"codec resolve to the demo checkpoint: set model.path to the checkpoint the engine was built from"
+            )
+        engine = TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
+        return engine, "cuda", (f"trtllm {manifest.quantization} engine {cfg.build.engine_dir} on {manifest.gpu_name} "
+                                f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")
+
+    async def aclose(self) -> None:
+        """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        if self._loop is not None and self._loop.thread.is_alive():
+            await asyncio.to_thread(self._loop.stop)
+        if self.audit is not None:
+            await asyncio.to_thread(self.audit.close)  # the rows still queued are written first
+
+    @property
+    def ready(self) -> bool:
+        return self._loop is not None and self._loop.alive and not self._loop.closing
+
+    def readiness(self) -> str | None:
+        """Why this service should not be sent new callers ("unavailable": not running; "full":
+        admission is full, max_concurrent_sessions + max_pending inside; "audit_unavailable": the
+        audit trail cannot be written and audit.required refuses syntheses), or None when it can
+        take them."""
+        if not self.ready:
+            return "unavailable"
+        if self.gate.inside >= self.gate.max_active + self.gate.max_pending:
+            return "full"
+        if self.audit is not None and self.audit.refusing:
+            return "audit_unavailable"
+        return None
+
+    @property
+    def builtin_voices(self) -> tuple[str, ...]:
+        return self.config.model.voices
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def stream(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+               protocol: str = "library", audit: AuditEntry | None = None, mark: Marker | None = None,
+               **sampling: Any) -> SpeechStream:
+        """Start synthesising ``text``; iterate the result for audio chunks as they are decoded.
+        ``voice``: a built-in voice or alias, or ``account``'s cloned voice (its id, or the
+        :class:`Voice` from ``await tts.voices.resolve(...)``, which saves a database read here).
+        The synthesis is audited under ``protocol`` and watermarked (``audit``, ``mark``: those of
+        an utterance it is a piece of). Raises InvalidRequest / UnknownVoice / TextTooLong / OverloadedError, and
+        DatabaseError while the audit trail cannot be written, at once."""
+        if not self.ready:
+            raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
+        voice = self._voice(voice, account)
+        segments, params = self._prepare(text, voice, sampling)
+        owns_audit = audit is None
+        if owns_audit:
+            audit = self._audit_entry(voice, account, protocol)
+            audit.add_text(text)
+        try:
+            self.gate.enter()
+        except Overloaded as e:
+            self.metrics.rejections.labels(reason="overloaded").inc()
+            raise OverloadedError(e.retry_after_s) from None
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        session = Session(
+            session_id=f"s{next(self._ids)}",
+            segments=segments,
+            sampling=params,
+            sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+            created=time.monotonic(),
+            listen_on_read=not owns_audit,  # a piece of an utterance: heard once the pieces before it are
+        )
+        if not self._loop.post(lambda: self.scheduler.submit(session)):
+            self.gate.leave()
+            raise ServiceUnavailable("the service is shutting down")
+        return SpeechStream(self, session, events, audit, owns_audit, mark if mark is not None else self.marker())
+
+    async def synthesize(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+                         **sampling: Any) -> Audio:
+        """The whole utterance at once, with metrics."""
+        stream = self.stream(text, voice, account=account, **sampling)
+        parts = [chunk.pcm async for chunk in stream]
+        pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
+        return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics or {})
+
+    def speak(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+              protocol: str = "library", **sampling: Any) -> SpeechStream | Utterance:
+        """One whole text as one ordered stream of chunks (REST, gRPC and Riva ``Synthesize``): a single
+        synthesis when it fits the profile's ``max_text_chars``; longer text, up to
+        ``server.max_input_chars``, is split into sentences by an :class:`Utterance`. Raises as
+        :meth:`stream` does (an overload of a long text's first piece: on the first chunk)."""
+        limit = self.config.active_profile.max_text_chars
+        if not isinstance(text, str) or len(text) <= limit:
+            return self.stream(text, voice, account=account, protocol=protocol, **sampling)
+        most = max(limit, self.config.server.max_input_chars)
+        if len(text) > most:
+            raise TextTooLong(f"text has {len(text)} characters; at most {most} are accepted "
+                              f"(server.max_input_chars; the '{self.config.profile}' profile speaks up to {limit} "
+                              "as one synthesis)")
+        if not text.strip():
+            raise InvalidRequest("text is empty: there is nothing to speak")
+        utterance = self.utterance(voice, account=account, protocol=protocol, **sampling)
+        utterance.max_pending_chars = len(text)
+        try:
+            utterance.append(text)
+        except BaseException:
+            utterance.cancel()
+            raise
+        utterance.end()
+        return utterance
+
+    async def _sweep_deleted_voices(self) -> None:
+        """Every ``voices.sweep_s``: :meth:`_sweep_once`."""
+        while True:
+            await asyncio.sleep(self.config.voices.sweep_s)
+            try:
+                await self._sweep_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - the database is away: try again next time
+                log.warning("could not check kept prefixes against the voices database: %s", e)
+
+    async def _sweep_once(self) -> None:
+        """Kept prefixes of voices deleted elsewhere (another replica sharing the database) are
+        dropped here too. (A deletion through this process drops them at once.)"""
+        kept = await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
+        ids = {key.split(":", 1)[0] for key in kept}
+        if ids:
+            for gone in ids - await asyncio.to_thread(self.voices.registry.existing, ids):
+                log.info("voice %s was deleted elsewhere: its kept prefix is dropped", gone)
+                self.voices.forget(gone)
+
+    def _forget_voice(self, voice_id: str) -> None:
+        """A deleted voice's kept prefix leaves the engine at its next step."""
+        if self._loop is not None and self._loop.alive:
+            self._loop.post(lambda: self.scheduler.engine.forget_prefix(voice_id + ":"))
+
+    def _cancel(self, session_id: str) -> None:
+        if self._loop is not None and self._loop.alive:
+            self._loop.post(lambda: self.scheduler.cancel(session_id, "cancelled"))
+
+    def utterance(self, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
+                  protocol: str = "library", **sampling: Any) -> Utterance:
+        """An utterance whose text arrives in pieces (``append`` / ``flush`` / ``end``), spoken as one
+        ordered stream of chunks (iterate it). Raises InvalidRequest / UnknownVoice at once."""
+        if not self.ready:
+            raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
+        voice = self._voice(voice, account)
+        self._sampling(parse(SynthesisRequest, {"text": "", **sampling}))
+        return Utterance(self, voice, sampling, self.config.active_profile.max_text_chars,
+                         self.config.server.max_pending_text_chars, account=account,
+                         audit=self._audit_entry(voice, account, protocol), mark=self.marker())
+
+    def marker(self) -> Marker | None:
+        """A new stream's watermarker (None with watermark.enabled false)."""
+        return self.watermark.marker() if self.config.watermark.enabled else None
+
+    def _audit_entry(self, voice: str | Voice, account: str, protocol: str) -> AuditEntry:
+        label = voice if isinstance(voice, str) else voice.id
+        if self.audit is None:  # a service without an audit trail (the benchmark's peer)
+            return AuditEntry(None, account, label, protocol)
+        self.audit.check()  # refused while rows cannot be written: nothing goes unrecorded
+        return self.audit.entry(account, label, protocol)
+
+    def _voice(self, voice: str | Voice | None, account: str) -> str | Voice:
+        """A built-in voice's name, or ``account``'s cloned voice (UnknownVoice for anyone else's)."""
+        if isinstance(voice, Voice):
+            if voice.owner != account or voice.id in self.voices.deleted:
+                raise UnknownVoice(f"no voice {voice.id} (cloned voices are visible only to the account that enrolled "
+                                   "them)")
+            return voice
+        return self.voices.resolve_now(voice, account)
+
+    def _sampling(self, request: SynthesisRequest) -> SamplingParams:
+        return SamplingParams.from_config(self.config.sampling, **request.sampling())
+
+    def _prepare(self, text: str, voice: str | Voice, sampling: dict[str, Any]) -> tuple[list[Segment], SamplingParams]:
+        cfg = self.config
+        request = parse(SynthesisRequest, {"text": text, **sampling})
+        params = self._sampling(request)
+        if not request.text.strip():
+            raise InvalidRequest("text is empty: there is nothing to speak")
+        limit = cfg.active_profile.max_text_chars
+        if len(request.text) > limit:
+            raise TextTooLong(
+                f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
+            )
+        pieces = split_text(request.text, MAX_SEGMENT_CHARS)
+        key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
+        try:
+            if reference:  # a cloned voice: its reference turn, then the text (no voice name)
+                segments = [Segment(reference + orpheus.build_prompt_ids(self.tokenizer, p), prefix_key=key,
+                                    prefix_len=len(reference)) for p in pieces]
+            else:
+                segments = [Segment(orpheus.build_prompt_ids(self.tokenizer, p, voice)) for p in pieces]
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+        longest = max(len(s.prompt_ids) for s in segments)
+        if longest >= cfg.kv_cache.max_seq_len:
+            raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")
+        return segments, params
+
+    async def on_engine_thread(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine thread between steps and return its result (for inspection)."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def call() -> None:
+            try:
+                result = fn()
+            except Exception as e:  # handed to the caller
+                loop.call_soon_threadsafe(done.set_exception, e)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        self._loop.post(call)
+        return await done
+
+    # --- observability --------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, Any]:
+        """The seed 004 ``/v1/stats`` snapshot (as published by the engine thread after its last step)."""
+        if self.scheduler is None:
+            return {}
+        return self.scheduler.snapshot

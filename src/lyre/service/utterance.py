@@ -1,0 +1,227 @@
+"""``Utterance``: one utterance whose text arrives in pieces (an LLM writing), spoken as one ordered
+stream of audio. The WebSocket contexts, gRPC ``StreamingSynthesize`` and the library
+(``tts.utterance(...)``) all use it; the front ends only translate messages.
+
+    async with tts.utterance(voice="tara") as u:
+        u.append("Hello there, ")          # the first complete clause starts synthesis
+        u.append("how are you? I'm fine.")
+        u.end()                            # speak the rest; the stream ends after it
+        async for chunk in u:              # AudioChunk, offsets across the whole utterance
+            play(chunk.pcm)
+
+Text is cut into pieces by :class:`~lyre.service.text.SentenceStream` (sentences, each at most the
+profile's ``max_text_chars``). Pieces are spoken in order, each as one session; at most one piece
+generates ahead of the one being heard, so there is no gap between pieces and one utterance never
+holds more than two admission places. Text waiting to be spoken is bounded by
+``server.max_pending_text_chars``: an append beyond it is refused (InvalidRequest) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+from lyre.errors import InvalidRequest, OverloadedError, SynthesisCancelled
+from lyre.service.text import SentenceStream
+from lyre.trust.accounts import DEFAULT_ACCOUNT
+
+if TYPE_CHECKING:
+    from lyre.audio.watermark import Marker
+    from lyre.service.tts import AudioChunk, SpeechStream, TTSService
+    from lyre.storage.registry import Voice
+    from lyre.trust.audit import AuditEntry
+
+AHEAD = 1  # pieces generating ahead of the one being heard
+
+
+class Utterance:
+    def __init__(self, service: TTSService, voice: str | Voice | None, sampling: dict[str, Any], max_chars: int,
+                 max_pending_chars: int, account: str = DEFAULT_ACCOUNT, audit: AuditEntry | None = None,
+                 mark: Marker | None = None):
+        self._service, self._voice, self._sampling, self._account = service, voice, sampling, account
+        self._audit = audit  # the utterance's one audit row: every piece's PCM, recorded when it ends
+        self._mark = mark  # one watermark across the pieces: the pattern runs on without a jump
+        self.max_pending_chars = max_pending_chars
+        self._text = SentenceStream(max_chars)
+        self._queue: deque[str] = deque()  # complete pieces not started yet
+        self._queued_chars = 0
+        self._streams: deque[tuple[SpeechStream, float]] = deque()  # started (and when), in order: [0] is heard
+        self._ready_at: float | None = None  # when the first piece was complete: TTFB counts from here
+        self._changed = asyncio.Event()
+        self._held = ""  # a high surrogate whose pair comes with the next append
+        self.ended = False  # no more text will come
+        self.closed = False  # finished, failed or cancelled
+        self.pieces: list[str] = []  # every piece handed to synthesis, in order
+        self._samples = 0
+        self._index = 0
+        self.metrics: dict[str, Any] = {"ttfb_ms": None, "tokens": 0, "prompt_tokens": 0, "audio_seconds": 0.0,
+                                        "chunks": 0, "late_chunks": 0, "pieces": 0}
+
+    # --- the producer side ----------------------------------------------------------------------
+
+    @property
+    def pending_chars(self) -> int:
+        """Text received but not yet handed to synthesis."""
+        return self._text.pending_chars + self._queued_chars + len(self._held)
+
+    def append(self, text: str) -> None:
+        """Add text; complete pieces start synthesising at once. Raises InvalidRequest (nothing
+        changes) for text that is not a string, not valid Unicode, or would exceed the bound."""
+        self._check_open()
+        if not isinstance(text, str):
+            raise InvalidRequest(f"appended text must be a string, got {type(text).__name__}")
+        held = self._held
+        text = self._join_surrogates(text)
+        if self.pending_chars + len(text) > self.max_pending_chars:
+            self._held = held
+            raise InvalidRequest(
+                f"this append would leave {self.pending_chars + len(text)} characters waiting to be spoken; "
+                f"server.max_pending_text_chars is {self.max_pending_chars}: send more once audio has played")
+        if self._audit is not None:
+            self._audit.add_text(text)
+        self._add(self._text.append(text))
+
+    def flush(self) -> None:
+        """Speak everything received so far, complete sentence or not."""
+        self._check_open()
+        self._add(self._text.flush())
+
+    def end(self) -> None:
+        """No more text: speak the rest; the audio stream ends after it."""
+        if self.ended or self.closed:
+            return
+        self._held = ""  # half of a character never completed
+        self._add(self._text.flush())
+        self.ended = True
+        self._changed.set()
+
+    def cancel(self) -> None:
+        """Stop at once: every started piece is cancelled (its KV slot freed), nothing more is spoken."""
+        self._record("cancelled", "cancelled")
+        self.ended = self.closed = True
+        for stream, _ in self._streams:
+            stream.cancel()
+        self._streams.clear()
+        self._queue.clear()
+        self._queued_chars = 0
+        self._changed.set()
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> Utterance:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.cancel()
+
+    def _check_open(self) -> None:
+        if self.ended or self.closed:
+            raise InvalidRequest("the utterance has ended: no more text can be added")
+
+    def _join_surrogates(self, text: str) -> str:
+        """Join a character split between appends (UTF-16 surrogate halves, as a JavaScript client may
+        send them); any other lone surrogate is refused."""
+        text = self._held + text
+        held = text[-1] if text and "\ud800" <= text[-1] <= "\udbff" else ""
+        body = text[: len(text) - len(held)]
+        try:
+            body = body.encode("utf-16", "surrogatepass").decode("utf-16")
+            body.encode("utf-8")
+        except UnicodeError:
+            raise InvalidRequest("appended text is not valid Unicode (it contains a lone surrogate)") from None
+        self._held = held
+        return body
+
+    def _add(self, pieces: list[str]) -> None:
+        for piece in pieces:
+            self._queue.append(piece)
+            self._queued_chars += len(piece)
+        if pieces:
+            if self._ready_at is None:
+                self._ready_at = time.monotonic()
+            self._start(raise_overload=False)
+            self._changed.set()
+
+    def _start(self, raise_overload: bool) -> None:
+        """Start queued pieces while fewer than 1 + AHEAD are started. Overload of a piece ahead
+        leaves it queued (tried again when the piece before it ends); ``raise_overload``: nothing
+        is playing, so overload is the caller's answer."""
+        while self._queue and len(self._streams) <= AHEAD:
+            piece = self._queue[0]
+            started_at = time.monotonic()  # not after the session's own start (its TTFB's origin)
+            try:
+                stream = self._service.stream(piece, self._voice, account=self._account, audit=self._audit,
+                                              mark=self._mark, **self._sampling)
+            except OverloadedError:
+                if raise_overload and not self._streams:
+                    raise
+                return
+            self._queue.popleft()
+            self._queued_chars -= len(piece)
+            self._streams.append((stream, started_at))
+            self.pieces.append(piece)
+
+    # --- the consumer side ----------------------------------------------------------------------
+
+    @property
+    def current_piece(self) -> str | None:
+        """The text of the piece the last chunk returned belongs to (None before the first)."""
+        return self.pieces[self.metrics["pieces"]] if self.metrics["pieces"] < len(self.pieces) else None
+
+    def __aiter__(self) -> Utterance:
+        return self
+
+    async def __anext__(self) -> AudioChunk:
+        """The next chunk, in order across pieces; StopAsyncIteration after the last piece of an ended
+        utterance. A piece that fails or is refused raises its error and ends the utterance."""
+        try:
+            while True:
+                if self.closed:
+                    raise StopAsyncIteration
+                if not self._streams:
+                    self._start(raise_overload=True)
+                if not self._streams:
+                    if self.ended and not self._queue:
+                        self._record("finished")
+                        self.closed = True
+                        raise StopAsyncIteration
+                    self._changed.clear()
+                    await self._changed.wait()
+                    continue
+                stream, started_at = self._streams[0]
+                try:
+                    chunk = await stream.__anext__()
+                except StopAsyncIteration:
+                    self._streams.popleft()
+                    self._count(stream.metrics or {}, started_at)
+                    continue
+                chunk = dataclasses.replace(chunk, offset_samples=self._samples, index=self._index)
+                self._samples += len(chunk.pcm)
+                self._index += 1
+                return chunk
+        except StopAsyncIteration:
+            raise
+        except BaseException as e:  # a failed piece, or the consumer went away: nothing keeps a slot
+            if not isinstance(e, (asyncio.CancelledError, SynthesisCancelled)):
+                self._record("failed", getattr(e, "code", type(e).__name__))
+            self.cancel()
+            raise
+
+    def _record(self, outcome: str, reason: str | None = None) -> None:
+        if self._audit is not None and not self.closed:
+            self._audit.finish(outcome, reason)
+
+    def _count(self, m: dict[str, Any], started_at: float) -> None:
+        """Add a finished piece's metrics. TTFB is the utterance's: from when its first piece was complete
+        (the message that completed it, not the socket's idle time before) to its first audio, so a
+        piece that had to wait for admission counts that wait."""
+        if self.metrics["ttfb_ms"] is None and m.get("ttfb_ms") is not None:
+            ready_at = started_at if self._ready_at is None else self._ready_at
+            self.metrics["ttfb_ms"] = m["ttfb_ms"] + 1000 * max(0.0, started_at - ready_at)
+        for key in ("tokens", "prompt_tokens", "audio_seconds", "chunks", "late_chunks"):
+            self.metrics[key] += m.get(key, 0) or 0
+        self.metrics["pieces"] += 1

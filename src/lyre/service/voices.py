@@ -1,0 +1,238 @@
+"""``TTSService.voices``: cloned voices through the library API (the front ends call the same).
+
+    voice = await tts.voices.enroll(open("ann.wav", "rb").read(), name="Ann", transcript="...",
+                                    consent={"granted": True, "speaker": "Ann", "source": "self_recorded"})
+    async for chunk in tts.stream("Hello", voice=voice.id): ...
+
+Enrollment decodes and normalises the clip (:mod:`lyre.audio.clip`), encodes it with SNAC into
+Orpheus reference tokens (frame order of DESIGN.md section 3), and stores it with its consent
+record (:mod:`lyre.storage.registry`). Database work and encoding run in worker threads; nothing
+here blocks the event loop or the engine thread. Deleting a voice drops its kept prefix in the
+engine (through ``on_delete``) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy.engine import Engine
+
+from lyre.audio.clip import prepare_clip
+from lyre.config import LyreConfig
+from lyre.errors import (
+    ConsentRequired,
+    InvalidAudio,
+    InvalidRequest,
+    ServiceUnavailable,
+    UnknownVoice,
+    shorten,
+)
+from lyre.model import orpheus
+from lyre.service.options import MAX_NAME_CHARS, Consent, parse
+from lyre.storage.registry import ID_PATTERN, Voice, VoiceRegistry, check_name
+from lyre.trust.accounts import DEFAULT_ACCOUNT
+
+log = logging.getLogger("lyre.voices")
+
+MAX_TRANSCRIPT_CHARS = 5000
+
+
+def weights_id(snac_dir: Path) -> str:
+    """The identity of SNAC weights (reference tokens are only meaningful to the codec that made them)."""
+    digest = hashlib.sha256()
+    for name in ("config.json", "model.safetensors", "pytorch_model.bin"):
+        path = Path(snac_dir) / name
+        if path.is_file():
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+    return f"snac-sha256:{digest.hexdigest()[:16]}"
+
+
+class Voices:
+    def __init__(self, config: LyreConfig):
+        self.config = config
+        self.registry: VoiceRegistry | None = None
+        self.on_delete: list[Callable[[str], None]] = []  # called with the voice id after a deletion
+        self._snac: Any = None
+        self._tokenizer: Any = None
+        self._device: Any = None
+        self.codec_id = self.model_id = ""
+        self._encode_lock = threading.Lock()  # one SNAC encode at a time beside the codec
+        self._references: OrderedDict[str, list[int]] = OrderedDict()  # voice key -> reference-turn ids
+        self.max_reference_tokens = 0  # set by attach()
+        self.deleted: set[str] = set()  # voices deleted while this process runs: a Voice still held is refused
+
+    def open(self, database: Engine) -> None:
+        """At service start: the registry in ``database`` (opened and migrated by the service)."""
+        self.registry = VoiceRegistry(database, self.config.voices.max_per_account)
+
+    def attach(self, snac: Any, tokenizer: Any, snac_dir: Path, model_id: str, max_reference_tokens: int) -> None:
+        """At service start (blocking): what enrollment encodes with and prompts are built with;
+        ``max_reference_tokens``: the longest reference turn that leaves room for a segment's text
+        and ``sampling.max_tokens`` in a slot (and fits the engine's prompt limit)."""
+        self._snac, self._tokenizer = snac, tokenizer
+        self.max_reference_tokens = max_reference_tokens
+        self._device = next(snac.parameters()).device
+        self.codec_id, self.model_id = weights_id(snac_dir), model_id
+
+    def _registry(self) -> VoiceRegistry:
+        if self.registry is None:
+            raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
+        return self.registry
+
+    # --- enrollment -----------------------------------------------------------------------------
+
+    async def enroll(self, audio: bytes, *, name: Any, transcript: Any, consent: Mapping[str, Any] | None,
+                     account: str = DEFAULT_ACCOUNT, address: str | None = None) -> Voice:
+        """A new cloned voice of ``account`` from a reference recording and its exact transcript.
+        Raises ConsentRequired, InvalidAudio, UploadTooLarge, InvalidRequest, VoiceExists,
+        TooManyVoices; nothing is stored unless it succeeds."""
+        registry = self._registry()
+        record = check_consent(consent)
+        name = check_name(name)
+        transcript = self._check_transcript(transcript)
+        clip = await asyncio.to_thread(prepare_clip, audio, self.config.voices)
+        most = self.config.voices.max_transcript_chars_per_second * clip.seconds
+        if len(transcript) > most:
+            raise InvalidRequest(f"the transcript has {len(transcript)} characters, more than a {clip.seconds:.1f} s "
+                                 f"clip can hold (at most {most:.0f}: voices.max_transcript_chars_per_second); give the "
+                                 "exact words spoken in the clip")
+        tokens = await asyncio.to_thread(self._encode, clip.pcm)
+        reference = len(orpheus.build_reference_ids(self._tokenizer, transcript, tokens))
+        if reference > self.max_reference_tokens:
+            raise InvalidAudio(f"the clip and transcript make a {reference}-token reference; this server has room for "
+                               f"{self.max_reference_tokens} (kv_cache.max_seq_len less sampling.max_tokens and a "
+                               f"segment's text): use a shorter clip, about "
+                               f"{self.max_reference_tokens / orpheus.TOKENS_PER_SECOND * 0.9:.0f} s at most")
+        record.update(time=datetime.now(timezone.utc).isoformat(), account=account, address=address,
+                      upload_sha256=clip.upload_sha256)
+        voice = await asyncio.to_thread(
+            registry.add, name=name, owner=account, transcript=transcript, audio_flac=clip.flac,
+            audio_sha256=clip.flac_sha256, duration_s=clip.seconds, ref_token_ids=tokens, codec_id=self.codec_id,
+            model_id=self.model_id, consent=record)
+        log.info("voice %s enrolled by account %s (%.1f s, %d reference tokens)", voice.id, account, clip.seconds,
+                 len(tokens))
+        return voice
+
+    def _check_transcript(self, transcript: Any) -> str:
+        if not isinstance(transcript, str) or not transcript.strip():
+            raise InvalidRequest("'transcript' is required: the exact words spoken in the clip")
+        transcript = " ".join(transcript.split())
+        if len(transcript) > MAX_TRANSCRIPT_CHARS:
+            raise InvalidRequest(f"'transcript' has {len(transcript)} characters; at most {MAX_TRANSCRIPT_CHARS}")
+        try:
+            orpheus.build_prompt_ids(self._tokenizer, transcript)  # control tokens, lone surrogates, ...
+        except (ValueError, UnicodeError) as e:
+            raise InvalidRequest(f"'transcript' is not usable: {e}") from None
+        return transcript
+
+    def _encode(self, pcm: np.ndarray) -> list[int]:
+        """Orpheus reference token ids of a 24 kHz clip (SNAC encode, frame order of DESIGN.md section 3)."""
+        import torch
+
+        with self._encode_lock, torch.inference_mode():
+            x = torch.from_numpy(pcm).to(self._device, next(self._snac.parameters()).dtype)[None, None]  # (1, 1, N)
+            c0, c1, c2 = self._snac.encode(x)  # (1, T), (1, 2T), (1, 4T)
+        return orpheus.codes_to_token_ids(c0[0], c1[0], c2[0])
+
+    # --- lookups --------------------------------------------------------------------------------
+
+    async def list(self, account: str = DEFAULT_ACCOUNT) -> list[Voice]:
+        return await asyncio.to_thread(self._registry().list, account)
+
+    async def get(self, voice_id: Any, account: str = DEFAULT_ACCOUNT) -> Voice:
+        return await asyncio.to_thread(self._registry().get, voice_id, account)
+
+    async def consent(self, voice_id: Any, account: str = DEFAULT_ACCOUNT) -> dict[str, Any]:
+        return (await self.get(voice_id, account)).consent
+
+    async def delete(self, voice_id: Any, account: str = DEFAULT_ACCOUNT) -> None:
+        """Remove the voice, its audio and every cached state of it at once (a synthesis already
+        running finishes; new ones get UnknownVoice)."""
+        await asyncio.to_thread(self._registry().delete, voice_id, account)
+        self.forget(voice_id)
+        log.info("voice %s deleted by account %s", voice_id, account)
+
+    def forget(self, voice_id: str) -> None:
+        """Drop what is cached of ``voice_id`` here and in the engine; it cannot come back."""
+        self.deleted.add(voice_id)
+        for key in [k for k in self._references if k.startswith(voice_id + ":")]:
+            del self._references[key]
+        for callback in self.on_delete:
+            callback(voice_id)
+
+    async def resolve(self, name: Any, account: str = DEFAULT_ACCOUNT) -> str | Voice:
+        """What a request's ``voice`` means: a built-in voice's name (aliases resolved) or the
+        account's cloned voice. Raises UnknownVoice."""
+        builtin = self._builtin(name)
+        if builtin is not None:
+            return builtin
+        return await self.get(name, account)
+
+    def resolve_now(self, name: Any, account: str = DEFAULT_ACCOUNT) -> str | Voice:
+        """:meth:`resolve` without awaiting (reads the database on this thread: fine in scripts;
+        front ends await :meth:`resolve`)."""
+        builtin = self._builtin(name)
+        return builtin if builtin is not None else self._registry().get(name, account)
+
+    def _builtin(self, name: Any) -> str | None:
+        model = self.config.model
+        if name is None:
+            return model.default_voice
+        if not isinstance(name, str):
+            raise InvalidRequest(f"'voice' must be a string, got {shorten(name)}")
+        if len(name) > MAX_NAME_CHARS:
+            raise InvalidRequest(f"'voice' is longer than {MAX_NAME_CHARS} characters")
+        resolved = model.resolve_voice(name)
+        if resolved is None and not ID_PATTERN.fullmatch(name):
+            raise UnknownVoice(f"unknown voice {shorten(name)}; available voices: {', '.join(model.voices)} (or an "
+                               f"alias: {', '.join(model.voice_aliases)}), or a cloned voice's id (GET /v1/voices)")
+        return resolved
+
+    # --- prompts --------------------------------------------------------------------------------
+
+    def reference(self, voice: Voice) -> tuple[str, list[int]]:
+        """(prefix key, ids of the voice's reference turn): the part of its prompts shared by every
+        request, which the engine computes once and keeps."""
+        if voice.id in self.deleted:
+            raise UnknownVoice(f"no voice {voice.id} (it was deleted)")
+        if voice.codec_id != self.codec_id:
+            raise InvalidRequest(f"voice {voice.id} was enrolled with other codec weights ({voice.codec_id}; this server "
+                                 f"runs {self.codec_id}): its reference tokens mean nothing here; enroll it again")
+        key = f"{voice.id}:{voice.audio_sha256[:16]}"
+        ids = self._references.get(key)
+        if ids is None:
+            ids = orpheus.build_reference_ids(self._tokenizer, voice.transcript, voice.ref_token_ids)
+            self._references[key] = ids
+            while len(self._references) > 256:
+                self._references.popitem(last=False)
+        else:
+            self._references.move_to_end(key)
+        return key, ids
+
+
+def check_consent(consent: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The consent record of an enrollment as stored; ConsentRequired (422) when absent or not granted."""
+    if consent is None:
+        raise ConsentRequired("enrollment needs a consent record: {\"granted\": true, \"speaker\": who is speaking, "
+                              "\"source\": \"self_recorded\" or \"recorded_with_permission\", \"statement\": optional}")
+    if not isinstance(consent, Mapping):
+        raise ConsentRequired("'consent' must be a JSON object: {\"granted\": true, \"speaker\", \"source\", "
+                              "\"statement\"}")
+    try:
+        parsed = parse(Consent, consent)
+    except InvalidRequest as e:
+        raise ConsentRequired(f"consent: {e}") from None
+    if parsed.granted is not True:
+        raise ConsentRequired("consent.granted must be true: a voice is cloned only with the speaker's consent")
+    return parsed.model_dump()

@@ -1,0 +1,124 @@
+"""The database behind cloned voices and the audit trail: its tables, opening it, migrating it.
+
+SQLAlchemy 2 Core over any URL it supports: ``sqlite:///data/lyre.db`` by default (the file and
+its folder are created), ``postgresql+psycopg://...`` for replicas sharing one registry. The
+schema is created and changed only by Alembic migrations (``lyre/voices/migrations``), run to
+``head`` when the database is opened; ``tests/storage/test_registry.py`` checks that the migrations
+build exactly the tables defined here.
+
+Every call here blocks: the service runs them in worker threads, never on the event loop or the
+engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from lyre.errors import DatabaseError
+
+log = logging.getLogger("lyre.voices")
+
+LOCK_WAIT_S = 5.0  # how long SQLite waits for another writer's lock before giving up
+
+metadata = sa.MetaData()
+
+voices = sa.Table(
+    "voices", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("transcript", sa.Text, nullable=False),
+    sa.Column("audio_flac", sa.LargeBinary, nullable=False),  # the normalised 24 kHz reference clip
+    sa.Column("audio_sha256", sa.String(64), nullable=False),
+    sa.Column("duration_s", sa.Float, nullable=False),
+    sa.Column("ref_token_ids", sa.JSON, nullable=False),  # Orpheus audio token ids of the clip, frame by frame
+    sa.Column("codec_id", sa.String(512), nullable=False),  # the SNAC weights the tokens were made with
+    sa.Column("model_id", sa.String(512), nullable=False),  # the checkpoint served at enrollment
+    sa.Column("consent", sa.JSON, nullable=False),
+    sa.UniqueConstraint("owner", "name", name="uq_voices_owner_name"),
+)
+
+audit = sa.Table(
+    "audit", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("time", sa.DateTime(timezone=True), nullable=False, index=True),  # when the synthesis started (UTC)
+    sa.Column("account", sa.String(128), nullable=False),
+    sa.Column("voice", sa.String(128), nullable=False),  # a built-in voice's name or a cloned voice's id
+    sa.Column("protocol", sa.String(16), nullable=False),  # rest, ws, grpc, riva, library
+    sa.Column("outcome", sa.String(16), nullable=False),  # finished, cancelled, failed
+    sa.Column("reason", sa.String(64), nullable=False),  # why it was cancelled or failed ("" when finished)
+    sa.Column("audio_seconds", sa.Float, nullable=False),
+    sa.Column("text_sha256", sa.String(64), nullable=False),
+    sa.Column("pcm_sha256", sa.String(64), nullable=False),  # of the 24 kHz int16 PCM delivered
+)
+
+
+def default_url(data_dir: str | Path) -> str:
+    return f"sqlite:///{Path(data_dir) / 'lyre.db'}"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (None for other databases and for ``:memory:``)."""
+    u = make_url(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    if u.database.startswith("file:"):  # a SQLite URI filename (uri=true): file:path?mode=ro
+        return Path(u.database.removeprefix("file:").split("?", 1)[0])
+    return Path(u.database)
+
+
+def open_database(url: str) -> Engine:
+    """An engine for ``url`` with the schema migrated to the newest version. Raises DatabaseError
+    naming the file (SQLite) or the server when it cannot be created, opened, locked or written."""
+    path = sqlite_path(url)
+    where = f"the database file {path}" if path else f"the database at {make_url(url).render_as_string()}"
+    try:
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        engine = _engine(url)
+        migrate(engine)
+    except (sa.exc.SQLAlchemyError, OSError) as e:
+        reason = getattr(e, "orig", None) or e
+        hint = ""
+        if path is not None and "readonly" in str(reason).replace(" ", "").lower():
+            hint = " (it, or its folder, is read-only for this user)"
+        elif "locked" in str(reason).lower():
+            hint = " (another process holds a lock on it)"
+        raise DatabaseError(f"cannot open {where}: {reason}{hint}") from None
+    log.info("voices database: %s", where)
+    return engine
+
+
+def _engine(url: str) -> Engine:
+    if sqlite_path(url) is not None or make_url(url).get_backend_name() == "sqlite":
+        engine = sa.create_engine(url, connect_args={"timeout": LOCK_WAIT_S, "check_same_thread": False})
+
+        @sa.event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001 - SQLAlchemy's hook signature
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
+            cursor.execute(f"PRAGMA busy_timeout={int(LOCK_WAIT_S * 1000)}")
+            cursor.close()
+
+        return engine
+    # pool_pre_ping: a restarted server is reconnected to at the next request; a database that does
+    # not answer (a partition) fails a connection after 5 s instead of the OS's ~2 minutes
+    connect_args = {"connect_timeout": 5} if make_url(url).get_backend_name() == "postgresql" else {}
+    return sa.create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+
+
+def migrate(engine: Engine) -> None:
+    """Run every Alembic migration up to ``head`` on ``engine`` (nothing when it is current)."""
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(Path(__file__).parent / "migrations"))
+    with engine.begin() as connection:
+        cfg.attributes["connection"] = connection
+        command.upgrade(cfg, "head")

@@ -1,0 +1,55 @@
+"""``lyre checkpoint {demo,download,resolve}``: write the demo checkpoint, download the configured
+model and codec into the Hugging Face cache, or show (and prepare) the checkpoint the server would load."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from lyre.config import ConfigError, add_config_arguments, config_from_args
+from lyre.model import checkpoint, demo
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_demo = sub.add_parser("demo", help="write the demo checkpoint (random weights; its audio is noise)")
+    p_demo.add_argument("dir", type=Path, help="output directory (gets llama/ and snac/)")
+    p_demo.add_argument("--seed", type=int, default=0)
+    p_demo.add_argument("--force", action="store_true", help="rewrite even when an up-to-date demo is there")
+
+    p_dl = sub.add_parser("download", help="download the configured model and codec into the Hugging Face cache")
+    add_config_arguments(p_dl)
+    p_dl.add_argument("--model-id", help="Llama repository (default: model.hf_id)")
+    p_dl.add_argument("--codec-id", help="SNAC repository (default: codec.hf_id)")
+
+    p_res = sub.add_parser("resolve", help="show (and prepare) the checkpoint the server would load")
+    add_config_arguments(p_res)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "demo":
+            if args.force or not demo.demo_is_current(args.dir, args.seed):
+                demo.write_demo(args.dir, args.seed)
+                print(f"wrote the demo checkpoint to {args.dir} (random weights: its audio is noise)")
+            else:
+                print(f"the demo checkpoint at {args.dir} is up to date")
+            return 0
+        cfg = config_from_args(args)
+        if args.command == "download":
+            llama = checkpoint.download(args.model_id or cfg.model.hf_id, "llama", cfg.model.revision)
+            snac = checkpoint.download(args.codec_id or cfg.codec.hf_id, "snac", cfg.codec.revision)
+            print(f"model: {llama}\ncodec: {snac}")
+            return 0
+        resolved = checkpoint.resolve_model(cfg.model, cfg.codec)
+        print(f"model: {resolved.llama_dir}\ncodec: {resolved.snac_dir}\nsource: {resolved.source}"
+              f"{'  (DEMO: noise)' if resolved.is_demo else ''}")
+        return 0
+    except (checkpoint.CheckpointError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,105 @@
+"""``benchmark.py --mode engine``: runs briefly and writes every figure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.support.paths import REPO_ROOT
+
+
+def test_engine_mode_writes_the_figures_and_a_table(demo_dir, tmp_path):
+    out_file = tmp_path / "engine.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "engine", "--checkpoint", str(demo_dir / "llama"),
+         "--concurrency", "1,3", "--max-tokens", "8", "--baseline-requests", "1", "--slot-order", "shuffled",
+         "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    assert [lv["concurrency"] for lv in result["engine"]] == [1, 3]
+    for lv in result["engine"]:
+        assert lv["tokens"] == 8 * lv["concurrency"]
+        assert lv["tokens_per_s"] > 0 and lv["step_ms_p50"] > 0
+    base = result["transformers_sequential"]
+    assert base["tokens"] == 8 and base["tokens_per_s"] > 0
+    assert result["machine"]["torch"] and result["settings"]["max_tokens"] == 8
+    assert result["settings"]["slot_order"] == "shuffled"
+    assert "engine, 3 concurrent" in run.stdout and "transformers, sequential" in run.stdout
+
+
+def test_unknown_mode_and_bad_levels_are_refused():
+    run = subprocess.run([sys.executable, "benchmark.py", "--mode", "engine", "--concurrency", "0,2"],
+                         capture_output=True, text=True, cwd=REPO_ROOT)
+    assert run.returncode == 2 and "concurrency levels must be integers >= 1" in run.stderr
+
+
+def test_service_mode_reports_ttfb_real_time_streams_and_codec_cost_per_policy_and_codec_mode(tmp_path):
+    out_file = tmp_path / "service.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "service", "--concurrency", "1,3", "--max-tokens", "14",
+         "--set", "codec.noise=false", "--policies", "fair,deadline", "--codec-modes", "stream,window",
+         "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    runs = {(r["policy"], r["codec_mode"]): r["levels"] for r in result["runs"]}
+    assert set(runs) == {("fair", "stream"), ("fair", "window"), ("deadline", "stream"), ("deadline", "window")}
+    for (_, mode), levels in runs.items():
+        assert [lv["concurrency"] for lv in levels] == [1, 3]
+        for lv in levels:
+            assert 0 < lv["ttfb_ms_p50"] <= lv["ttfb_ms_p95"]
+            assert 0 <= lv["real_time_streams"] <= lv["concurrency"] and lv["audio_s_per_wall_s"] > 0
+            assert lv["codec_ms_per_frame"] > 0
+            if mode == "window":  # windows of context: more frames decoded than emitted
+                assert lv["decoded_per_emitted"] >= 1.5
+    assert "deadline" in run.stdout and "TTFB p95 ms" in run.stdout and "dec/emit" in run.stdout
+    for args, message in ((["--policies", "lifo"], "--policies takes fair and/or deadline"),
+                          (["--codec-modes", "fast"], "--codec-modes takes stream and/or window")):
+        bad = subprocess.run([sys.executable, "benchmark.py", "--mode", "service", *args],
+                             capture_output=True, text=True, cwd=REPO_ROOT)
+        assert bad.returncode == 2 and message in bad.stderr
+
+
+def test_codec_mode_measures_each_runtime_against_torch(tmp_path):
+    out_file = tmp_path / "codec.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "codec", "--batches", "1,2", "--chunk", "1",
+         "--runtimes", "torch,onnxruntime", "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    rows = json.loads(out_file.read_text())["rows"]
+    assert {(r["mode"], r["runtime"], r["batch"]) for r in rows} == {
+        (m, rt, b) for m, rt in (("stream", "torch"), ("stream", "onnxruntime"), ("window", "torch")) for b in (1, 2)}
+    for r in rows:
+        assert r["ms_per_frame"] > 0
+        if r["mode"] == "stream":
+            assert r["decoded_per_emitted"] == 1.0 and r["max_error_vs_torch"] <= 1e-5  # each frame once, exact
+        else:
+            assert 5.0 < r["decoded_per_emitted"] <= 7.0  # 1-frame chunks inside windows of up to 3 + 1 + 3
+    assert "ms / emitted frame" in run.stdout
+
+
+def test_watermark_mode_reports_detection_false_positives_and_cost(tmp_path):
+    import shutil
+
+    out_file = tmp_path / "watermark.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "watermark", "--requests", "2", "--set", f"data_dir={tmp_path}",
+         "--set", "sampling.max_tokens=210", "--set", "sampling.min_tokens=210", "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    for path in ("wav", "mp3_128k", "mulaw_8k"):
+        assert result["outputs_marked"][path] | {"detected": 2, "of": 2} == result["outputs_marked"][path]
+    assert result["mark_ms_per_audio_s"] > 0 and 0 < result["mark_cost_vs_codec"] < 1
+    if shutil.which("espeak-ng"):  # real speech: marked is found, unmarked is not
+        assert result["speech_marked"]["wav"]["detected"] == 2 and result["speech_unmarked"]["wav"]["detected"] == 0
+    else:
+        assert "espeak-ng is not installed" in run.stdout
+    assert "marking costs" in run.stdout and "mu-law 8k" in run.stdout

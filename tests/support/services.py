@@ -1,0 +1,45 @@
+"""The library service on the demo checkpoint, and a look at its engine thread's state."""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+
+from lyre.model import orpheus
+from lyre.service.tts import (
+    TTSService,
+)
+from tests.support.paths import CONFIG_PATH, REPO_ROOT
+
+F = orpheus.SAMPLES_PER_FRAME
+
+
+DEMO = str(REPO_ROOT / "models" / "demo")
+
+
+def service(**overrides) -> TTSService:
+    """The demo service; utterances are exactly max_tokens long (min_tokens holds back the stop)."""
+    base = {"model.demo_dir": DEMO, "codec.noise": False, "sampling.max_tokens": 42,
+            "scheduler.max_concurrent_sessions": 8, "scheduler.max_batch_size": 8, "kv_cache.max_seq_len": 512,
+            "data_dir": tempfile.mkdtemp(prefix="lyre-data-")}  # its own voices database
+    merged = {**base, **overrides}
+    merged.setdefault("sampling.min_tokens", merged["sampling.max_tokens"])
+    return TTSService.from_config(CONFIG_PATH, **merged)
+
+
+async def engine_state(tts: TTSService) -> dict:
+    """The engine thread's state after one more step (so messages posted before, e.g. cancels, are in)."""
+    await tts.on_engine_thread(lambda: None)  # the engine steps between this message and the probe
+
+    def probe():
+        sch = tts.scheduler
+        return {"active": len(sch.active), "pending": len(sch.pending), "requests": len(sch._by_request),
+                "engine_active": sch.engine.stats().active, "engine_ids": len(sch.engine._by_id),
+                "free_slots": len(sch.engine._free_slots), "gate": tts.gate.inside,
+                "codec_states": len(sch.audio.codec.live)}
+
+    return await tts.on_engine_thread(probe)
+
+
+def run(coro):
+    return asyncio.run(coro)

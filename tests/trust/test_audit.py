@@ -1,0 +1,144 @@
+"""The audit trail through the library API: one row per synthesis with the hashes of what was said
+and delivered; a database that cannot be written refuses new syntheses and loses no row; old rows
+are pruned; ``python -m lyre.trust.audit export`` reads them back."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import pytest
+import sqlalchemy as sa
+
+from lyre.config import AuditConfig
+from lyre.errors import DatabaseError, SynthesisCancelled
+from lyre.storage.db import audit, open_database
+from lyre.trust.audit import AuditTrail, rows
+from tests.support.paths import REPO_ROOT
+from tests.support.services import run, service
+
+EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+
+def all_rows(tts) -> list[dict]:
+    assert tts.audit.flush()
+    return list(rows(tts.database, EPOCH))
+
+
+def test_every_synthesis_leaves_one_row_with_the_hashes_of_its_text_and_audio():
+    async def go():
+        async with service() as tts:
+            a = await tts.synthesize("Audit me, please.", voice="leo", account="alice")
+            stream = tts.stream("I will be cut short.", voice="ash")  # an alias: recorded as its voice
+            async for _ in stream:
+                break
+            await stream.aclose()
+            utterance = tts.utterance("mia", account="bob", protocol="ws")
+            utterance.append("First part. ")
+            utterance.append("Second part.")
+            utterance.end()
+            pcm = np.concatenate([c.pcm async for c in utterance])
+            return a, pcm, all_rows(tts)
+
+    a, utterance_pcm, got = run(go())
+    assert len(got) == 3
+    first, cut, utt = got
+    assert (first["account"], first["voice"], first["protocol"], first["outcome"], first["reason"]) == (
+        "alice", "leo", "library", "finished", "")
+    assert first["text_sha256"] == hashlib.sha256(b"Audit me, please.").hexdigest()
+    assert first["pcm_sha256"] == hashlib.sha256(a.pcm.astype("<i2").tobytes()).hexdigest()
+    assert abs(first["audio_seconds"] - a.seconds) < 1e-9
+    assert (cut["voice"], cut["account"], cut["outcome"], cut["reason"]) == ("leo", "default", "cancelled", "cancelled")
+    assert 0 < cut["audio_seconds"] < a.seconds
+    assert (utt["account"], utt["protocol"], utt["voice"], utt["outcome"]) == ("bob", "ws", "mia", "finished")
+    assert utt["text_sha256"] == hashlib.sha256(b"First part. Second part.").hexdigest()  # as appended
+    assert utt["pcm_sha256"] == hashlib.sha256(utterance_pcm.astype("<i2").tobytes()).hexdigest()
+    assert datetime.fromisoformat(first["time"]) <= datetime.fromisoformat(utt["time"])
+
+
+def test_a_synthesis_the_server_ends_is_recorded_with_its_reason():
+    async def go():
+        async with service() as tts:
+            stream = tts.stream("Nobody reads me fast enough.")
+            await anext(stream)
+            await tts.on_engine_thread(lambda: tts.scheduler.cancel(stream.session_id, "slow_consumer"))
+            with pytest.raises(SynthesisCancelled):
+                async for _ in stream:
+                    pass
+            return all_rows(tts)
+
+    assert [(r["outcome"], r["reason"]) for r in run(go())] == [("cancelled", "slow_consumer")]
+
+
+def test_a_database_that_cannot_be_written_refuses_new_syntheses_and_loses_no_row(monkeypatch):
+    async def go():
+        async with service() as tts:
+            insert = tts.audit._insert
+
+            def full(batch):
+                raise sa.exc.OperationalError("INSERT INTO audit", {}, Exception("database or disk is full"))
+
+            monkeypatch.setattr(tts.audit, "_insert", full)
+            await tts.synthesize("Written while the disk is full.")
+            assert not await asyncio.to_thread(tts.audit.flush, 2.0)  # kept, not written
+            with pytest.raises(DatabaseError, match="audit trail cannot be written .*disk is full"):
+                tts.stream("Refused: it would go unrecorded.")
+            with pytest.raises(DatabaseError):
+                tts.utterance()
+            monkeypatch.setattr(tts.audit, "_insert", insert)  # space again: the kept row goes in
+            assert await asyncio.to_thread(tts.audit.flush, 10.0)
+            await tts.synthesize("Accepted again.")
+            return all_rows(tts)
+
+    got = run(go())
+    assert [r["text_sha256"] for r in got] == [hashlib.sha256(t).hexdigest() for t in (
+        b"Written while the disk is full.", b"Accepted again.")]
+
+
+def test_rows_older_than_the_retention_are_pruned(database_url):
+    engine = open_database(database_url)
+    now = datetime.now(timezone.utc)
+    old = {"account": "a", "voice": "tara", "protocol": "rest", "outcome": "finished", "reason": "",
+           "audio_seconds": 1.0, "text_sha256": "t" * 64, "pcm_sha256": "p" * 64}
+    with engine.begin() as c:
+        c.execute(audit.insert(), [{**old, "time": now - timedelta(days=91)}, {**old, "time": now - timedelta(days=89)}])
+    trail = AuditTrail(engine, AuditConfig(retention_days=90))  # prunes at start
+    assert trail.flush()
+    trail.close()
+    assert [r["time"][:10] for r in rows(engine, EPOCH)] == [(now - timedelta(days=89)).date().isoformat()]
+
+
+def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, database_url):
+    database = {} if database_url.startswith("sqlite") else {"voices.database_url": database_url}
+
+    async def go():
+        async with service(data_dir=str(tmp_path), **database) as tts:
+            await tts.synthesize("One.", voice="tara")
+            await tts.synthesize("Two.", voice="zac", account="bob")
+            tts.audit.flush()
+
+    run(go())
+
+    def export(*args: str) -> subprocess.CompletedProcess:
+        where = [f"voices.database_url={database_url}"] if database else []
+        return subprocess.run([sys.executable, "-m", "lyre", "audit", "export", "--set", f"data_dir={tmp_path}",
+                               *[x for w in where for x in ("--set", w)], *args],
+                              capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+
+    today = datetime.now(timezone.utc).date().isoformat()
+    lines = export("--since", today, "--format", "jsonl")
+    assert lines.returncode == 0, lines.stderr
+    got = [json.loads(line) for line in lines.stdout.splitlines()]
+    assert [r["voice"] for r in got] == ["tara", "zac"] and "2 rows" in lines.stderr
+    zac = export("--since", today, "--voice", "zac", "--output", str(tmp_path / "zac.csv"))
+    assert zac.returncode == 0 and (tmp_path / "zac.csv").read_text().splitlines()[0].startswith("time,account,voice")
+    assert len((tmp_path / "zac.csv").read_text().splitlines()) == 2
+    assert export("--since", "2999-01-01").stdout.splitlines() == ["time,account,voice,protocol,outcome,reason,"
+                                                                   "audio_seconds,text_sha256,pcm_sha256"]
+    bad = export("--since", "last tuesday")
+    assert bad.returncode == 2 and "is not a date" in bad.stderr
