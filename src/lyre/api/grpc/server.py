@@ -291,7 +291,7 @@ async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: i
     # a message up to server.max_body_bytes, or an enrollment's audio (voices.max_upload_bytes)
     limit = max(service.config.server.max_body_bytes, service.config.voices.max_upload_bytes + 64 * 1024)
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
-    from lyre.api.grpc.server import riva
+    from lyre.api.grpc import riva
 
     server.add_generic_rpc_handlers((handlers(TextToSpeech(service, inflight), SERVICE, tts_pb2),
                                      riva.handlers(service, inflight)))
@@ -319,7 +319,7 @@ async def follow_readiness(service: TTSService, inflight: InFlight, health: Heal
     ``/ready``: NOT_SERVING while admission is full, SERVING when there is room again (checked every
     READY_POLL_S), NOT_SERVING from the drain's notice on. The server's own status, ``""``, is
     liveness: SERVING while the engine runs (NOT_SERVING if its loop stops), until the drain."""
-    from lyre.api.grpc.server import riva
+    from lyre.api.grpc import riva
 
     status = {True: health_pb2.HealthCheckResponse.SERVING, False: health_pb2.HealthCheckResponse.NOT_SERVING}
     serving: bool | None = None

@@ -118,7 +118,7 @@ async def clients_middleware(request: web.Request, handler):
 
 
 def create_app(service: TTSService, inflight: InFlight) -> web.Application:
-    from lyre.api.http.app import verify, voices
+    from lyre.api.http import verify, voices
     from lyre.api.http.ws import websocket
 
     cfg = service.config.server
