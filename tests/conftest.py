@@ -1,4 +1,5 @@
-"""Shared fixtures: the repository root, the demo checkpoint, its tokenizer and SNAC."""
+"""Shared fixtures: the demo checkpoint, its tokenizer and SNAC, a PostgreSQL server, and one real Lyre
+server for the whole run."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from hypothesis import settings
 from lyre.config import load_config
 from lyre.model import checkpoint, demo
 from tests.support.paths import CONFIG_PATH, REPO_ROOT
+from tests.support.servers import start_server, stop_server
 
 # CI (CI=true) replays a fixed set of examples so a landing is reproducible; local runs keep exploring
 # new ones and store any failure in .hypothesis/ for the next run.
 settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI") == "true":
     settings.load_profile("ci")
-
 
 
 @pytest.fixture(scope="session")
@@ -65,3 +66,11 @@ def database_url(request, tmp_path) -> str:
     from tests.support.postgres import fresh_schema
 
     return fresh_schema(request.getfixturevalue("postgres").url)  # a clean schema for every test
+
+
+@pytest.fixture(scope="session")
+def server(demo_dir):
+    """A real Lyre server with the test settings (tests.support.servers), shared by the whole run."""
+    s = start_server()
+    yield s
+    assert stop_server(s) == 0
