@@ -21,12 +21,16 @@ import asyncio
 import logging
 import signal
 import sys
+from dataclasses import dataclass
 
+import grpc
 from aiohttp import web
+from grpc_health.v1._async import HealthServicer
 
 from lyre.api.common import InFlight
+from lyre.api.grpc.server import follow_readiness, start_grpc
 from lyre.api.http.app import create_app
-from lyre.config import ConfigError, add_config_arguments, apply_overrides, config_from_args
+from lyre.config import ConfigError, ServerConfig, add_config_arguments, apply_overrides, config_from_args
 from lyre.model import checkpoint
 from lyre.service.tts import LyreError, TTSService
 
@@ -35,22 +39,64 @@ log = logging.getLogger("lyre.server")
 UNWIND_S = 2.0  # after the drain: for cancelled handlers to send their last message, idle connections to close
 
 
-async def serve(service: TTSService) -> int:
+@dataclass
+class Listeners:
+    """The sockets of one running server and what serving them shares: REST + WebSocket (aiohttp),
+    gRPC (with its health servicer and the task that keeps it equal to /ready), the requests in flight."""
+
+    inflight: InFlight
+    runner: web.AppRunner
+    http_port: int
+    grpc_server: grpc.aio.Server | None = None
+    grpc_port: int = 0
+    health: HealthServicer | None = None
+    readiness: asyncio.Task | None = None
+
+
+async def listen(service: TTSService, host: str, http_port: int, grpc_port: int | None) -> Listeners:
+    """Open the listeners of a started ``service``: ``http_port`` 0 takes any free port; ``grpc_port``
+    None serves no gRPC, 0 any free port."""
     cfg = service.config.server
     inflight = InFlight(cfg.max_connections_per_client, cfg.trusted_proxies)
-    async with service:
-        runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
-        await runner.setup()
-        site = web.TCPSite(runner, cfg.host, cfg.port)
-        await site.start()
-        http_port = runner.addresses[0][1] if runner.addresses else cfg.port
-        grpc_server = health = None
-        grpc_port = 0
-        if cfg.grpc_port:
-            from lyre.api.grpc.server import follow_readiness, start_grpc
+    runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
+    await runner.setup()
+    await web.TCPSite(runner, host, http_port).start()
+    listeners = Listeners(inflight, runner, runner.addresses[0][1] if runner.addresses else http_port)
+    if grpc_port is not None:
+        listeners.grpc_server, listeners.grpc_port, listeners.health = await start_grpc(service, inflight, host,
+                                                                                         grpc_port)
+        listeners.readiness = asyncio.get_running_loop().create_task(
+            follow_readiness(service, inflight, listeners.health))
+    return listeners
 
-            grpc_server, grpc_port, health = await start_grpc(service, inflight, cfg.host, cfg.grpc_port)
-            readiness = asyncio.get_running_loop().create_task(follow_readiness(service, inflight, health))
+
+async def drain(listeners: Listeners, cfg: ServerConfig) -> None:
+    """Stop serving: announce the drain (``server.drain_notice_s``), refuse new requests, let those in
+    flight finish within ``server.drain_timeout_s``, cancel the rest (each told why), close the sockets."""
+    inflight = listeners.inflight
+    if cfg.drain_notice_s:  # /ready and the gRPC health say "draining" first; requests are still taken
+        log.info("shutting down: announcing the drain for %.1f s", cfg.drain_notice_s)
+        inflight.announce_drain()
+        await asyncio.sleep(cfg.drain_notice_s)
+    log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
+    inflight.start_draining()  # new requests get 503 / UNAVAILABLE; idle WebSockets close now
+    if listeners.health is not None:
+        listeners.readiness.cancel()
+        await listeners.health.enter_graceful_shutdown()
+    drained = await inflight.wait_idle(cfg.drain_timeout_s)
+    if not drained:
+        log.warning("drain timeout: cancelling %d stream(s)", inflight.cancel_all())
+        await inflight.wait_idle(UNWIND_S)  # each tells its client why as it unwinds
+    if listeners.grpc_server is not None:
+        await listeners.grpc_server.stop(grace=0 if not drained else 1)
+    await listeners.runner.cleanup()
+
+
+async def serve(service: TTSService) -> int:
+    """Run ``service`` behind its listeners until SIGINT or SIGTERM, then drain."""
+    cfg = service.config.server
+    async with service:
+        listeners = await listen(service, cfg.host, cfg.port, cfg.grpc_port or None)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -60,26 +106,10 @@ async def serve(service: TTSService) -> int:
         if model.is_demo:
             log.warning("serving the DEMO checkpoint: every response is NOISE, not speech")
         # Tests and scripts wait for this line.
-        print(f"Lyre ready: http://{cfg.host}:{http_port} grpc {cfg.host}:{grpc_port or 'off'}", flush=True)
+        print(f"Lyre ready: http://{cfg.host}:{listeners.http_port} grpc {cfg.host}:{listeners.grpc_port or 'off'}",
+              flush=True)
         await stop.wait()
-
-        if cfg.drain_notice_s:  # /ready and the gRPC health say "draining" first; requests are still taken
-            log.info("shutting down: announcing the drain for %.1f s", cfg.drain_notice_s)
-            inflight.announce_drain()
-            await asyncio.sleep(cfg.drain_notice_s)
-        log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", inflight.count, cfg.drain_timeout_s)
-        inflight.start_draining()  # new requests get 503 / UNAVAILABLE; idle WebSockets close now
-        if health is not None:
-            readiness.cancel()
-            await health.enter_graceful_shutdown()
-        drained = await inflight.wait_idle(cfg.drain_timeout_s)
-        if not drained:
-            log.warning("drain timeout: cancelling %d stream(s)", inflight.cancel_all())
-            await inflight.wait_idle(UNWIND_S)  # each tells its client why as it unwinds
-        if grpc_server is not None:
-            await grpc_server.stop(grace=0 if not drained else 1)
-        await site.stop()
-        await runner.cleanup()
+        await drain(listeners, cfg)
     log.info("stopped")
     return 0
 
