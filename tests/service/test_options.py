@@ -9,8 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lyre.config import SamplingConfig, load_config
+from lyre.config.validation import limits_of
 from lyre.engine.base import SamplingParams
-from lyre.service.options import SamplingOptions, limits_of, parse
+from lyre.service.options import SamplingOptions, parse
 from lyre.service.tts import InvalidRequest
 from tests.support.services import engine_state, run, service
 
@@ -38,10 +39,9 @@ def test_any_json_value_is_refused_or_valid_for_the_engine(name, value):
     SamplingParams.from_config(SamplingConfig(), **options.sampling()).validate()  # what the engine checks
 
 
-def test_the_config_takes_its_sampling_limits_from_the_request_options():
-    for name in ("temperature", "top_p", "top_k", "max_tokens", "seed"):
-        field = SamplingConfig.__dataclass_fields__[name]
-        assert dict(field.metadata) == limits_of(SamplingOptions, name)
+def test_the_request_options_take_their_sampling_limits_from_the_config():
+    for name in ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed"):
+        assert limits_of(SamplingOptions, name) == limits_of(SamplingConfig, name) != {}
     try:
         load_config(None, {"sampling.top_p": 0})
     except ValueError as e:

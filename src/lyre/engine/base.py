@@ -15,14 +15,14 @@ from collections.abc import Container, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from lyre.errors import InvalidRequest
+from pydantic import ValidationError
+
+from lyre.config import SamplingConfig
+from lyre.config.validation import request_error
 from lyre.model import orpheus
-from lyre.service.options import SamplingOptions, parse
 
 if TYPE_CHECKING:
     import torch
-
-    from lyre.config import SamplingConfig
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
 
@@ -56,12 +56,12 @@ class SamplingParams:
         return replace(base, **overrides)
 
     def validate(self) -> None:
-        """Raise ValueError (an InvalidRequest) naming the first unacceptable field: the request
-        options' limits (lyre.service.options), whoever built these parameters."""
-        parse(SamplingOptions, {name: getattr(self, name) for name in SamplingOptions.model_fields})
-        if isinstance(self.repetition_window, bool) or not isinstance(self.repetition_window, int) \
-                or self.repetition_window < 0:
-            raise InvalidRequest(f"'repetition_window' must be an integer >= 0, got {self.repetition_window!r}")
+        """Raise ValueError (an InvalidRequest) naming the first unacceptable field: the limits the
+        config's ``sampling`` section declares, whoever built these parameters."""
+        try:
+            SamplingConfig.model_validate({name: getattr(self, name) for name in SamplingConfig.model_fields})
+        except ValidationError as e:
+            raise request_error(SamplingConfig, e.errors(include_url=False)[0]) from None
 
 
 @dataclass

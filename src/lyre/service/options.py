@@ -1,8 +1,8 @@
 """Every option a request may carry, and its limits: defined once, here.
 
 The library API (``TTSService.stream``), REST, WebSocket and gRPC all validate through these
-pydantic models, and ``config.py`` takes the limits of its ``sampling`` defaults from
-:class:`SamplingOptions`. Wrong types (``1.5`` for an integer, ``true`` for a number, ``"1"`` for a
+pydantic models; a request's sampling options take their limits from the config's ``sampling``
+section (:class:`lyre.config.SamplingConfig`), where they are declared once. Wrong types (``1.5`` for an integer, ``true`` for a number, ``"1"`` for a
 number), NaN and Infinity, out-of-range values, lone surrogates in text and unknown options are
 refused with :class:`~lyre.errors.InvalidRequest` (or ``OutOfRange``), whose message is the same
 on every surface, before anything reaches the engine thread.
@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-import annotated_types
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from lyre.errors import InvalidRequest, OutOfRange, shorten
+from lyre.config import SamplingConfig
+from lyre.config.validation import limits_of, request_error
 
 MAX_NAME_CHARS = 128  # voices, formats, context ids, model names
 
@@ -37,16 +37,20 @@ class _Options(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, frozen=True)
 
 
+def _limit(name: str) -> dict[str, Any]:
+    return limits_of(SamplingConfig, name)
+
+
 class SamplingOptions(_Options):
     """Per-request sampling overrides; None (absent) takes ``sampling`` from the config."""
 
-    temperature: float | None = Field(None, ge=0.0, le=5.0, description="sampling temperature; 0 = greedy")
-    top_p: float | None = Field(None, gt=0.0, le=1.0, description="nucleus sampling mass")
-    top_k: int | None = Field(None, ge=0, le=1_000_000, description="top-k sampling; 0 = off")
-    repetition_penalty: float | None = Field(None, ge=1.0, le=3.0, description="1 = off")
-    max_tokens: int | None = Field(None, ge=1, le=100_000, description="audio tokens at most (about 83 a second)")
-    min_tokens: int | None = Field(None, ge=0, le=100_000, description="end-of-speech is held back until this many")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="makes the sampling reproducible")
+    temperature: float | None = Field(None, **_limit("temperature"), description="sampling temperature; 0 = greedy")
+    top_p: float | None = Field(None, **_limit("top_p"), description="nucleus sampling mass")
+    top_k: int | None = Field(None, **_limit("top_k"), description="top-k sampling; 0 = off")
+    repetition_penalty: float | None = Field(None, **_limit("repetition_penalty"), description="1 = off")
+    max_tokens: int | None = Field(None, **_limit("max_tokens"), description="audio tokens at most (about 83 a second)")
+    min_tokens: int | None = Field(None, **_limit("min_tokens"), description="end-of-speech is held back until this many")
+    seed: int | None = Field(None, **_limit("seed"), description="makes the sampling reproducible")
 
     def sampling(self) -> dict[str, Any]:
         """The sampling overrides given (for ``TTSService.stream(..., **overrides)``)."""
@@ -122,58 +126,4 @@ def parse(model: type[M], data: Mapping[str, Any]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise _request_error(model, e) from None
-
-
-_RANGE_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
-_EXPECTED = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
-    "string_type": "a string", "bool_type": "true or false", "bool_parsing": "true or false",
-}
-
-
-def _request_error(model: type[BaseModel], e: ValidationError) -> InvalidRequest:
-    err = e.errors(include_url=False)[0]
-    name = ".".join(str(part) for part in err["loc"]) or "request"
-    kind, got = err["type"], shorten(err.get("input"))
-    if kind == "extra_forbidden":
-        return InvalidRequest(f"unknown option '{name}'; allowed: {', '.join(model.model_fields)}")
-    if kind == "missing":
-        return InvalidRequest(f"'{name}' is required")
-    if kind in _RANGE_ERRORS:
-        return OutOfRange(f"'{name}' = {got} is out of range: {describe_range(limits_of(model, name))}")
-    if kind in _EXPECTED:
-        return InvalidRequest(f"'{name}' must be {_EXPECTED[kind]}, got {got}")
-    if kind == "string_too_long":
-        return InvalidRequest(f"'{name}' is longer than {err['ctx']['max_length']} characters")
-    if kind == "literal_error":
-        return OutOfRange(f"'{name}' must be {err['ctx']['expected']}, got {got}")
-    if kind == "value_error":
-        return InvalidRequest(f"'{name}' {err['ctx']['error']}")
-    return InvalidRequest(f"'{name}': {err['msg']}, got {got}")
-
-
-# --------------------------------------------------------------------------------------------
-# limits, for config.py and error messages
-
-
-_LIMIT_NAMES = {annotated_types.Ge: "ge", annotated_types.Gt: "gt", annotated_types.Le: "le", annotated_types.Lt: "lt"}
-
-
-def limits_of(model: type[BaseModel], name: str) -> dict[str, Any]:
-    """``{"ge": 0.0, "le": 5.0}`` for a field of ``model`` (the form config.py's fields carry)."""
-    out = {}
-    for item in model.model_fields[name].metadata:
-        key = _LIMIT_NAMES.get(type(item))
-        if key is not None:
-            out[key] = getattr(item, key)
-    return out
-
-
-def describe_range(limits: Mapping[str, Any]) -> str:
-    parts = [f"{sym} {limits[name]}" for name, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
-             if name in limits]
-    if "multiple_of" in limits:
-        parts.append(f"a multiple of {limits['multiple_of']}")
-    return "must be " + " and ".join(parts)
+        raise request_error(model, e.errors(include_url=False)[0]) from None

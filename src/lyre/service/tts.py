@@ -26,7 +26,8 @@ import torch
 
 from lyre.audio.watermark import Marker, Watermark
 from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
-from lyre.config import LyreConfig, WatermarkConfig, apply_overrides, load_config
+from lyre.config import LyreConfig, apply_overrides, load_config
+from lyre.config.schema import PUBLISHED_WATERMARK_KEY
 from lyre.core.admission import AdmissionGate, Overloaded
 from lyre.core.engine_loop import EngineLoop
 from lyre.core.metrics import Metrics
@@ -101,7 +102,7 @@ class TTSService:
         self.audit: AuditTrail | None = None
         w = config.watermark
         self.watermark = Watermark(w.key, w.strength_db, w.threshold)  # marks outputs (when enabled), verifies uploads
-        if w.enabled and w.key == WatermarkConfig.key:
+        if w.enabled and w.key == PUBLISHED_WATERMARK_KEY:
             log.warning("watermark.key is the published default: set your own so that only you can detect the mark")
 
     @classmethod

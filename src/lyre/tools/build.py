@@ -15,7 +15,7 @@ import datetime
 import logging
 import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -110,7 +110,7 @@ def plan_build(cfg: LyreConfig, env: Environment, force: bool = False) -> BuildP
         "voices": list(cfg.model.voices),
         "continuation_tokens": CONTINUATION_TOKENS,
     }
-    return BuildPlan(model, download, engine_dir, b.quantization, quant, dtype, asdict(b), calibration, env,
+    return BuildPlan(model, download, engine_dir, b.quantization, quant, dtype, b.model_dump(mode="json"), calibration, env,
                      warnings, blockers)
 
 
