@@ -92,6 +92,10 @@ class DatabaseError(LyreError):
     code = "database_unavailable"
 
 
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete, malformed or cannot be fetched."""
+
+
 class BuildError(RuntimeError):
     """The offline engine build cannot go ahead; the message says why and what to do."""
 

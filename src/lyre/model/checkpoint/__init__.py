@@ -1,0 +1,24 @@
+"""Checkpoints as published: loading Llama and SNAC checkpoints (:mod:`.llama`, :mod:`.snac`),
+fetching them from the Hugging Face hub (:mod:`.hub`), and choosing the one to serve
+(:mod:`.resolve`). ``lyre checkpoint {demo,download,resolve}`` is their command-line face
+(:mod:`lyre.tools.checkpoint`)."""
+
+from lyre.errors import CheckpointError
+from lyre.model.checkpoint.hub import IGNORE_PATTERNS, LLAMA_PATTERNS, SNAC_PATTERNS, download, find_cached
+from lyre.model.checkpoint.llama import (
+    INDEX_FILE,
+    LlamaConfig,
+    check_llama_weights,
+    check_weight_shapes,
+    load_llama_weights,
+    load_tokenizer,
+    read_llama_config,
+    safetensors_files,
+)
+from lyre.model.checkpoint.resolve import DEMO_BANNER, ResolvedModel, resolve_model
+from lyre.model.checkpoint.snac import load_snac
+
+__all__ = ["DEMO_BANNER", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
+           "LlamaConfig", "ResolvedModel", "check_llama_weights", "check_weight_shapes", "download", "find_cached",
+           "load_llama_weights", "load_snac", "load_tokenizer", "read_llama_config", "resolve_model",
+           "safetensors_files"]

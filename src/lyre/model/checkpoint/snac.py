@@ -1,0 +1,46 @@
+"""SNAC directories: ``config.json`` with ``pytorch_model.bin`` or ``model.safetensors``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from lyre.errors import CheckpointError
+
+
+def load_snac(
+    snac_dir: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+) -> torch.nn.Module:
+    """A SNAC model from ``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``, in eval mode."""
+    from snac import SNAC
+
+    snac_dir = Path(snac_dir)
+    cfg_path = snac_dir / "config.json"
+    try:
+        cfg = json.loads(cfg_path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{snac_dir} is not a SNAC directory: config.json is missing") from None
+    except ValueError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+    try:
+        model = SNAC(**cfg)
+    except TypeError as e:
+        raise CheckpointError(f"{cfg_path} does not describe a SNAC model: {e}") from None
+    if (snac_dir / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(snac_dir / "model.safetensors"))
+    elif (snac_dir / "pytorch_model.bin").is_file():
+        state = torch.load(snac_dir / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise CheckpointError(f"{snac_dir} holds no SNAC weights (pytorch_model.bin or model.safetensors)")
+    try:
+        # Old-style weight_g/weight_v keys are converted by torch's weight_norm load hook.
+        model.load_state_dict(state, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{snac_dir}: weights do not match config.json: {str(e).splitlines()[0]}") from None
+    return model.to(device=device, dtype=dtype).eval()
