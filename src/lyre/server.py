@@ -31,8 +31,9 @@ from lyre.api.common import InFlight
 from lyre.api.grpc.server import follow_readiness, start_grpc
 from lyre.api.http.app import create_app
 from lyre.config import ConfigError, ServerConfig, add_config_arguments, apply_overrides, config_from_args
+from lyre.errors import LyreError
 from lyre.model import checkpoint
-from lyre.service.tts import LyreError, TTSService
+from lyre.service.tts import TTSService
 
 log = logging.getLogger("lyre.server")
 

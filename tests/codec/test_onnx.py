@@ -62,9 +62,9 @@ def test_runtime_choice_and_clear_refusals(demo_dir):
     cfg = load_config(None, {"codec.runtime": "onnxruntime", "codec.onnx_dir": str(CACHE)})
     snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)
     codec = build_codec(cfg.codec, snac, "cpu", snac.quantizer.quantizers[0].codebook.weight.dtype)
-    assert codec.stats()["runtime"] == "onnxruntime" and codec.stats()["mode"] == "stream"
+    assert codec.stats().runtime == "onnxruntime" and codec.stats().mode == "stream"
     window = build_codec(load_config(None, {"codec.mode": "window"}).codec, snac, "cpu", codec.dtype)
-    assert window.stats()["mode"] == "window"
+    assert window.stats().mode == "window"
 
 
 def test_prepare_exports_what_the_configured_runtime_needs():

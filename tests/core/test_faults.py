@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from lyre.codec.stream import ExactStream
+from lyre.errors import SynthesisFailed
 from lyre.model import orpheus
-from lyre.service.tts import SynthesisFailed
 from tests.support.engines import poison
 from tests.support.services import F, engine_state, run, service
 

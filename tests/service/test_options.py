@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from lyre.config import SamplingConfig, load_config
 from lyre.config.validation import limits_of
 from lyre.engine.base import SamplingParams
+from lyre.errors import InvalidRequest
 from lyre.service.options import SamplingOptions, parse
-from lyre.service.tts import InvalidRequest
 from tests.support.services import engine_state, run, service
 
 NAMES = list(SamplingOptions.model_fields)

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from lyre.service.tts import ServiceUnavailable, SynthesisFailed
+from lyre.errors import ServiceUnavailable, SynthesisFailed
 from tests.support.services import run, service
 
 

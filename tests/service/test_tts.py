@@ -13,8 +13,7 @@ import torch
 from lyre.codec import configure_noise
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
-from lyre.model import checkpoint, orpheus
-from lyre.service.tts import (
+from lyre.errors import (
     InvalidRequest,
     LyreError,
     OutOfRange,
@@ -25,6 +24,7 @@ from lyre.service.tts import (
     TextTooLong,
     UnknownVoice,
 )
+from lyre.model import checkpoint, orpheus
 from tests.support.services import F, engine_state, run, service
 
 
@@ -42,10 +42,11 @@ def test_stream_delivers_int16_chunks_back_to_back_with_metrics():
     assert [c.offset_samples for c in chunks] == list(np.cumsum([0] + [len(c.pcm) for c in chunks[:-1]]))
     total = sum(len(c.pcm) for c in chunks)
     assert total == 6 * F  # 42 tokens = 6 frames, every one delivered
-    assert metrics["tokens"] == 42 and metrics["audio_seconds"] == total / 24000 and metrics["ttfb_ms"] > 0
-    assert metrics["real_time_factor"] > 0 and metrics["chunks"] == len(chunks)
-    assert stats["scheduler"]["total_sessions"] == 1 and stats["kv_cache"]["used_slots"] == 0
-    assert stats["total_tokens"] == 42 and stats["scheduler"]["max_concurrent"] == 8
+    assert metrics.tokens == 42 and metrics.audio_seconds == total / 24000 and metrics.ttfb_ms > 0
+    assert metrics.real_time_factor > 0 and metrics.chunks == len(chunks)
+    assert stats.scheduler.total_sessions == 1 and stats.kv_cache.used_slots == 0
+    assert stats.total_tokens == 42 and stats.scheduler.max_concurrent == 8
+    assert stats.as_dict()["scheduler"]["total_sessions"] == 1  # seed 004's /v1/stats JSON
     assert "lyre_ttfb_seconds_count 1.0" in exposition and "lyre_tokens_total 42.0" in exposition
 
 
@@ -73,7 +74,7 @@ def test_streamed_audio_equals_an_offline_decode_of_the_same_tokens(demo_dir):
     assert len(audio.pcm) == len(frames) * F == len(ref)
     join = F + 256  # the first chunk and its crossfade
     assert np.abs(audio.pcm[join:].astype(np.float64) - ref16[join:]).max() <= 4  # int16 steps: 1e-4 of full scale
-    assert audio.metrics["tokens"] == 84
+    assert audio.metrics.tokens == 84
 
 
 def test_bad_requests_raise_typed_errors_at_once():
@@ -128,7 +129,7 @@ def test_long_text_is_split_into_segments_joined_without_gaps():
             return chunks, stream.metrics
 
     chunks, metrics = run(go())
-    assert metrics["segments"] == 2
+    assert metrics.segments == 2
     pcm = np.concatenate([c.pcm for c in chunks])
     assert len(pcm) == 2 * 3 * F  # each segment's frames, back to back
     assert [c.offset_samples for c in chunks] == list(np.cumsum([0] + [len(c.pcm) for c in chunks[:-1]]))
@@ -236,7 +237,7 @@ def test_auto_backend_without_an_engine_serves_with_torch_and_says_why(tmp_path)
     async def go():
         async with service(**{"build.engine_dir": str(tmp_path / "none")}) as tts:
             await tts.synthesize("Hello there.")
-            return tts.backend, tts.stats()["engine"]
+            return tts.backend, tts.stats().as_dict()["engine"]
 
     choice, engine_stats = run(go())
     assert choice.name == "torch" and "no engine is built" in choice.reason
@@ -259,18 +260,20 @@ def test_cancelled_stream_raises_for_a_consumer_still_reading():
 
 
 def test_an_engine_built_for_another_gpu_or_model_is_refused_at_load(tmp_path):
-    from lyre.engine.backend import Environment, Manifest
+    from lyre.engine.backend import BackendChoice, Environment, Manifest
+    from lyre.service import runtime
 
     engine_dir = tmp_path / "engine"
     engine_dir.mkdir()
     Manifest(model_source="canopylabs/orpheus-3b-0.1-ft@main", model_revision="abc", model_sha256="0" * 64,
              tensorrt_llm_version="1.2.1", tensorrt_version="10.13.2.6", gpu_name="NVIDIA H100 80GB HBM3",
              compute_capability=[9, 0], quantization="fp8", kv_cache_dtype="float16").write(engine_dir)
-    tts = service(**{"build.engine_dir": str(engine_dir)})
-    tts.model = checkpoint.resolve_model(tts.config.model, tts.config.codec)
+    cfg = service(**{"build.engine_dir": str(engine_dir)}).config
+    model = checkpoint.resolve_model(cfg.model, cfg.codec)
+    trtllm = BackendChoice("trtllm", "built")
     a10g = Environment("NVIDIA A10G", (8, 6), "1.2.1", "10.13.2.6")
     with pytest.raises(LyreError, match="GPU: built for NVIDIA H100.*this machine has NVIDIA A10G.*rebuild"):
-        tts._trtllm_engine(a10g)
+        runtime.build_engine(cfg, trtllm, a10g, model)
     h100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "1.2.1", "10.13.2.6")
     with pytest.raises(LyreError, match="resolve to the demo checkpoint: set model.path"):
-        tts._trtllm_engine(h100)  # the manifest matches, but the tokenizer would be the demo's
+        runtime.build_engine(cfg, trtllm, h100, model)  # the manifest matches, but the tokenizer would be the demo's

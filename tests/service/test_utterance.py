@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from lyre.errors import InvalidRequest, UnknownVoice
 from lyre.model import orpheus
 from lyre.service.text import SentenceStream
-from lyre.service.tts import InvalidRequest, UnknownVoice
 from tests.support.services import engine_state, run, service
 
 PIECE_SAMPLES = 6 * orpheus.SAMPLES_PER_FRAME  # each piece: 42 tokens = 6 frames
 
 
-async def speak(u, appends: list[str]) -> tuple[list, list[int]]:
+async def speak(tts, u, appends: list[str]) -> tuple[list, list[int]]:
     """Append word by word as an LLM would, end, and read every chunk; also the admission places
     held at each chunk."""
     for text in appends:
@@ -21,7 +21,7 @@ async def speak(u, appends: list[str]) -> tuple[list, list[int]]:
     chunks, inside = [], []
     async for chunk in u:
         chunks.append(chunk)
-        inside.append(u._service.gate.inside)
+        inside.append(tts.gate.inside)
     return chunks, inside
 
 
@@ -30,7 +30,7 @@ def test_pieces_are_spoken_in_order_with_one_generating_ahead():
 
     async def go():
         async with service() as tts, tts.utterance(voice="tara", seed=2) as u:
-            chunks, inside = await speak(u, [w + " " for w in text.split(" ")])
+            chunks, inside = await speak(tts, u, [w + " " for w in text.split(" ")])
             return u.pieces, u.metrics, chunks, inside, await engine_state(tts)
 
     pieces, metrics, chunks, inside, state = run(go())
@@ -40,7 +40,7 @@ def test_pieces_are_spoken_in_order_with_one_generating_ahead():
     offsets = [c.offset_samples for c in chunks]
     assert offsets == [sum(len(c.pcm) for c in chunks[:i]) for i in range(len(chunks))]  # one timeline
     assert max(inside) == 2  # the piece heard and one ahead, never more
-    assert metrics["pieces"] == len(pieces) and metrics["tokens"] == 42 * len(pieces) and metrics["ttfb_ms"] > 0
+    assert metrics.pieces == len(pieces) and metrics.tokens == 42 * len(pieces) and metrics.ttfb_ms > 0
     assert state["gate"] == 0 and state["engine_active"] == 0 and state["codec_states"] == 0
 
 
@@ -52,7 +52,7 @@ def test_a_long_append_is_split_to_the_profile_limit_and_never_floods_admission(
         # one active place and no queue: a piece ahead is refused, then spoken when the first ends
         async with service(**{"scheduler.max_concurrent_sessions": 1, "scheduler.max_batch_size": 1,
                               "scheduler.max_pending": 0}) as tts, tts.utterance() as u:
-            chunks, inside = await speak(u, [text])
+            chunks, inside = await speak(tts, u, [text])
             return u.pieces, chunks, inside
 
     pieces, chunks, inside = run(go())

@@ -30,7 +30,7 @@ def clip(seconds: float = 4.0, seed: int = 0) -> bytes:
 
 async def stats(tts) -> dict:
     await tts.on_engine_thread(lambda: None)
-    return tts.stats()["engine"]
+    return tts.stats().as_dict()["engine"]
 
 
 def test_enrolled_voice_is_stored_with_its_reference_tokens_and_consent():

@@ -6,9 +6,7 @@ import asyncio
 import tempfile
 
 from lyre.model import orpheus
-from lyre.service.tts import (
-    TTSService,
-)
+from lyre.service.tts import TTSService
 from tests.support.paths import CONFIG_PATH, REPO_ROOT
 
 F = orpheus.SAMPLES_PER_FRAME

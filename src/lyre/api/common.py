@@ -34,7 +34,7 @@ from lyre.errors import (
 )
 
 if TYPE_CHECKING:
-    from lyre.service.tts import SpeechStream
+    from lyre.service.stream import SpeechStream
     from lyre.service.utterance import Utterance
 
 

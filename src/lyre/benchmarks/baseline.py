@@ -17,10 +17,13 @@ import numpy as np
 import torch
 
 from lyre.codec import configure_noise
+from lyre.core.stats import KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
 from lyre.engine.backend import BackendChoice
+from lyre.engine.base import EngineStats
+from lyre.errors import SynthesisFailed
 from lyre.model import checkpoint, orpheus
 from lyre.service.stream import AudioChunk, to_int16
-from lyre.service.tts import SynthesisFailed, TTSService
+from lyre.service.tts import TTSService
 
 
 def _audio_constraint(prompt_len: int):
@@ -46,7 +49,7 @@ class _BaselineStream:
     def __init__(self, service: TransformersBaseline, prompts: list[list[int]], sampling: dict[str, Any]):
         self._service, self._prompts, self._sampling = service, prompts, sampling
         self.session_id = f"b{next(service._ids)}"
-        self.metrics: dict[str, Any] | None = None
+        self.metrics: SessionMetrics | None = None
         self._created = time.monotonic()
         self._done = False
         self._cancelled = False
@@ -67,9 +70,10 @@ class _BaselineStream:
                 raise SynthesisFailed(f"{type(e).__name__}: {e}") from None
         elapsed = time.monotonic() - self._created
         seconds = len(pcm) / orpheus.SAMPLE_RATE
-        self.metrics = {"ttfb_ms": 1000 * elapsed, "tokens": tokens, "audio_seconds": seconds, "elapsed_s": elapsed,
-                        "real_time_factor": elapsed / seconds if seconds else None, "chunks": 1, "late_chunks": 0,
-                        "prompt_tokens": sum(len(p) for p in self._prompts), "segments": len(self._prompts)}
+        self.metrics = SessionMetrics(ttfb_ms=1000 * elapsed, tokens=tokens, prompt_tokens=sum(map(len, self._prompts)),
+                                      audio_seconds=seconds, elapsed_s=elapsed,
+                                      real_time_factor=elapsed / seconds if seconds else None, chunks=1, late_chunks=0,
+                                      segments=len(self._prompts))
         return AudioChunk(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, offset_samples=0, index=0,
                           elapsed_ms=1000 * elapsed, late=False)
 
@@ -148,10 +152,13 @@ class TransformersBaseline(TTSService):
         pcm = to_int16(np.concatenate(audio)) if audio else np.zeros(0, dtype=np.int16)
         return pcm, tokens
 
-    def stats(self) -> dict[str, Any]:
-        return {"scheduler": {"total_sessions": self.total_sessions, "active_sessions": int(self.lock.locked()),
-                              "pending_sessions": 0, "max_concurrent": 1},
-                "kv_cache": {"used_slots": int(self.lock.locked()), "free_slots": 1 - int(self.lock.locked())},
-                "total_tokens": self.total_tokens, "total_batches": self.total_batches,
-                "engine": {"backend": "transformers"}}
-
+    def stats(self) -> StatsSnapshot:
+        busy = int(self.lock.locked())
+        return StatsSnapshot(
+            scheduler=SchedulerStats(total_sessions=self.total_sessions, active_sessions=busy, pending_sessions=0,
+                                     max_concurrent=1, policy="one at a time", throttled_sessions=0),
+            kv_cache=KVCacheStats(used_slots=busy, free_slots=1 - busy),
+            engine=EngineStats(capacity=1, active=busy, waiting=0, prefilling=0, total_requests=self.total_sessions,
+                               total_tokens=self.total_tokens, total_steps=self.total_batches, kv_cache_bytes=0,
+                               backend="transformers"),
+            codec=None, capacity_utilisation=float(busy))

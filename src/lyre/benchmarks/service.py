@@ -38,12 +38,12 @@ async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
 
 async def _level(tts: TTSService, n: int) -> dict[str, Any]:
     await tts.on_engine_thread(tts.scheduler.publish)
-    before = tts.stats()
+    before = tts.stats().as_dict()
     t0 = time.monotonic()
     streams = await asyncio.gather(*[_one_stream(tts, i) for i in range(n)])
     wall = time.monotonic() - t0
     await tts.on_engine_thread(tts.scheduler.publish)
-    after = tts.stats()
+    after = tts.stats().as_dict()
     ttfb = [s["ttfb_ms"] for s in streams if s["ttfb_ms"] is not None]  # a stream may end before any audio
     return {
         "concurrency": n,

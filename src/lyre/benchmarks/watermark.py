@@ -106,7 +106,7 @@ def run(cfg: LyreConfig, requests: int, progress=print) -> dict[str, Any]:
                 audio = await tts.synthesize(SENTENCES[i % len(SENTENCES)], seed=i)
                 pcm.append(audio.pcm.astype(np.float32) / 32768)
             await tts.on_engine_thread(lambda: None)
-            return pcm, tts.stats().get("codec", {}), tts.watermark
+            return pcm, tts.stats().codec.as_dict(), tts.watermark
 
     marked_outputs, codec, watermark = asyncio.run(outputs())
     result: dict[str, Any] = {"requests": requests, "threshold": watermark.threshold,

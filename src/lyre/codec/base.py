@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -55,19 +55,45 @@ class CodecCounters:
     def frames_emitted(self) -> float:
         return self.samples_emitted / F
 
-    def snapshot(self, mode: str, runtime: str, **extra: object) -> dict[str, object]:
+    def snapshot(self, mode: str, runtime: str, open_states: int, state_bytes_per_stream: int | None = None,
+                 lag_samples: int | None = None) -> CodecStats:
         emitted = self.frames_emitted
-        return {
-            "mode": mode,
-            "runtime": runtime,
-            "frames_decoded": self.frames_decoded,
-            "frames_emitted": round(emitted, 3),
-            "decoded_per_emitted": round(self.frames_decoded / emitted, 3) if emitted else None,
-            "calls": self.calls,
-            "decode_s": round(self.decode_s, 3),
-            "decode_ms_per_emitted_frame": round(1000 * self.decode_s / emitted, 2) if emitted else None,
-            **extra,
-        }
+        return CodecStats(
+            mode=mode,
+            runtime=runtime,
+            frames_decoded=self.frames_decoded,
+            frames_emitted=round(emitted, 3),
+            decoded_per_emitted=round(self.frames_decoded / emitted, 3) if emitted else None,
+            calls=self.calls,
+            decode_s=round(self.decode_s, 3),
+            decode_ms_per_emitted_frame=round(1000 * self.decode_s / emitted, 2) if emitted else None,
+            open_states=open_states,
+            state_bytes_per_stream=state_bytes_per_stream,
+            lag_samples=lag_samples,
+        )
+
+
+@dataclass(frozen=True)
+class CodecStats:
+    """The codec's figures (``/v1/stats`` ``codec``): what each emitted frame cost to decode."""
+
+    mode: str  # stream | window
+    runtime: str  # torch | onnxruntime | openvino
+    frames_decoded: int  # padding and provisional decodes included
+    frames_emitted: float
+    decoded_per_emitted: float | None
+    calls: int  # batched decoder calls
+    decode_s: float
+    decode_ms_per_emitted_frame: float | None
+    open_states: int  # streams holding a decoder state
+    state_bytes_per_stream: int | None = None  # stream mode
+    lag_samples: int | None = None  # stream mode: how far exact audio trails the newest frame
+
+    def as_dict(self) -> dict[str, object]:
+        return {k: v for k, v in asdict(self).items() if v is not None or k in _ALWAYS}
+
+
+_ALWAYS = {"decoded_per_emitted", "decode_ms_per_emitted_frame"}
 
 
 log = logging.getLogger("lyre.codec")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
+from lyre.codec.base import CodecCounters, CodecStats, Crossfade, F, StreamSettings, decode_isolated
 from lyre.codec.streaming import OfflineSnac, StreamingSnac
 from lyre.model import orpheus
 
@@ -194,7 +194,7 @@ class StreamCodec:
         self.live.add(stream)
         return stream
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> CodecStats:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live),
                                       state_bytes_per_stream=self.model.state_bytes, lag_samples=self.lag)
 

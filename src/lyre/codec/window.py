@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from lyre.codec.base import CodecCounters, Crossfade, F, StreamSettings, decode_isolated
+from lyre.codec.base import CodecCounters, CodecStats, Crossfade, F, StreamSettings, decode_isolated
 from lyre.model import orpheus
 
 
@@ -163,7 +163,7 @@ class WindowCodec:
         self.live.add(stream)
         return stream
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> CodecStats:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live))
 
     def decode(self, jobs: list[DecodeJob]) -> list[np.ndarray | Exception]:

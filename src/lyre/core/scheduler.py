@@ -32,6 +32,7 @@ from lyre.core.admission import AdmissionGate
 from lyre.core.pipeline import AudioPipeline
 from lyre.core.policy import POLICIES, Policy
 from lyre.core.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
+from lyre.core.stats import KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
 from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
 
 log = logging.getLogger("lyre.scheduler")
@@ -63,7 +64,7 @@ class Scheduler:
         self.step_count = 0
         self.total_sessions = 0
         self.total_ended = 0
-        self.snapshot: dict[str, Any] = {}
+        self.snapshot: StatsSnapshot | None = None  # published after every step
         self.closed: tuple[str, str] | None = None  # shut down: the outcome and reason of any later session
         self.publish()
 
@@ -113,31 +114,27 @@ class Scheduler:
         return bool(deltas) or audio.busy or before != (self.total_ended, len(self.pending))
 
     def publish(self) -> None:
-        """Replace ``snapshot`` (seed 004's /v1/stats shape); other threads read only this."""
+        """Replace ``snapshot`` (a frozen :class:`StatsSnapshot`); other threads read only this."""
         e = self.engine.stats()
-        codec = self.audio.codec.stats()
         if self.metrics is not None:
             self.metrics.set_load(len(self.active), len(self.pending), e.active, self.utilisation)
             self.metrics.set_engine(e.extra)
             self.metrics.set_prompts(e.prompt_tokens, e.prefilled_tokens, e.extra)
             self.metrics.set_codec(self.audio.codec.counters)
-        self.snapshot = {
-            "scheduler": {
-                "total_sessions": self.total_sessions,
-                "active_sessions": len(self.active),
-                "pending_sessions": len(self.pending),
-                "max_concurrent": self.cfg.max_concurrent_sessions,
-                "policy": self.cfg.policy,
-                "throttled_sessions": sum(s.throttled for s in self.active.values()),
-            },
-            "kv_cache": {"used_slots": e.active, "free_slots": e.capacity - e.active},
-            "total_tokens": e.total_tokens,
-            "total_batches": e.total_steps,
-            "capacity_utilisation": self.utilisation,
-            "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, "prompt_tokens": e.prompt_tokens,
-                       "prefilled_tokens": e.prefilled_tokens, **e.extra},
-            "codec": codec,
-        }
+        self.snapshot = StatsSnapshot(
+            scheduler=SchedulerStats(
+                total_sessions=self.total_sessions,
+                active_sessions=len(self.active),
+                pending_sessions=len(self.pending),
+                max_concurrent=self.cfg.max_concurrent_sessions,
+                policy=self.cfg.policy,
+                throttled_sessions=sum(s.throttled for s in self.active.values()),
+            ),
+            kv_cache=KVCacheStats(used_slots=e.active, free_slots=e.capacity - e.active),
+            engine=e,
+            codec=self.audio.codec.stats(),
+            capacity_utilisation=self.utilisation,
+        )
 
     @property
     def utilisation(self) -> float:
@@ -303,17 +300,17 @@ class Scheduler:
         self.audio.close(s)
         duration = now - s.created
         self.gate.leave(duration if status == FINISHED else None)
-        metrics = {
-            "ttfb_ms": None if s.first_audio_at is None else 1000 * (s.first_audio_at - s.created),
-            "tokens": s.tokens,
-            "prompt_tokens": sum(len(seg.prompt_ids) for seg in s.segments),
-            "audio_seconds": s.audio_seconds,
-            "elapsed_s": duration,
-            "real_time_factor": (duration / s.audio_seconds) if s.audio_seconds else None,
-            "chunks": s.chunks,
-            "late_chunks": s.late_chunks,
-            "segments": len(s.segments),
-        }
+        metrics = SessionMetrics(
+            ttfb_ms=None if s.first_audio_at is None else 1000 * (s.first_audio_at - s.created),
+            tokens=s.tokens,
+            prompt_tokens=sum(len(seg.prompt_ids) for seg in s.segments),
+            audio_seconds=s.audio_seconds,
+            elapsed_s=duration,
+            real_time_factor=(duration / s.audio_seconds) if s.audio_seconds else None,
+            chunks=s.chunks,
+            late_chunks=s.late_chunks,
+            segments=len(s.segments),
+        )
         if self.metrics is not None:
             # a bounded label: the known reasons, else the outcome (an error's text is not a label)
             self.metrics.sessions.labels(outcome=reason if reason in OUTCOME_LABELS else status).inc()

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from lyre.core.stats import SessionMetrics
 from lyre.engine.base import SamplingParams
 from lyre.model import orpheus
 
@@ -42,7 +43,7 @@ class ChunkEvent:
 class DoneEvent:
     outcome: str  # finished | cancelled | failed
     reason: str | None  # why it was cancelled or failed: cancelled, timeout, slow_consumer, engine error ...
-    metrics: dict[str, Any]
+    metrics: SessionMetrics
 
 
 @dataclass

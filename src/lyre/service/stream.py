@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import time
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lyre.core.session import CANCELLED, FINISHED, ChunkEvent, Session
+from lyre.core.stats import SessionMetrics
 from lyre.errors import ServiceUnavailable, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from lyre.model import orpheus
 
 if TYPE_CHECKING:
-    from lyre.service.tts import TTSService
     from lyre.trust.audit import AuditEntry
-
-
 
 
 @dataclass
@@ -40,7 +39,7 @@ class AudioChunk:
 class Audio:
     pcm: np.ndarray  # int16 mono
     sample_rate: int
-    metrics: dict[str, Any] = field(default_factory=dict)  # ttfb_ms, tokens, audio_seconds, real_time_factor, ...
+    metrics: SessionMetrics | None = None  # ttfb_ms, tokens, audio_seconds, real_time_factor, ...
 
     @property
     def seconds(self) -> float:
@@ -51,27 +50,57 @@ def to_int16(pcm: np.ndarray) -> np.ndarray:
     return (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype(np.int16)
 
 
+class _Ending:
+    """How a stream ends, shared by the stream and its finalizer (which must not hold the stream):
+    once, with its audit row recorded by the stream that owns it, and the engine told when it
+    is the caller who ends it."""
+
+    def __init__(self, cancel: Callable[[], None], audit: AuditEntry | None, owns_audit: bool):
+        self.cancel, self.audit, self.owns_audit = cancel, audit, owns_audit
+        self.closed = False
+
+    def end(self, outcome: str, reason: str | None) -> None:
+        """The engine ended it (its last event came)."""
+        self.closed = True
+        if self.audit is not None and self.owns_audit:
+            self.audit.finish(outcome, reason)
+
+    def abandon(self) -> None:
+        """The caller ends it early: the engine frees its slot at the next step."""
+        if not self.closed:
+            self.cancel()
+            self.end(CANCELLED, "cancelled")
+
+
 class SpeechStream:
     """Async iterator over one utterance's :class:`AudioChunk` s; ``metrics`` is set at the end.
-    Leaving the loop early (break, exception, aclose) cancels the synthesis and frees its slot.
+    ``closed`` says it has ended. Leaving the loop early (break, exception, :meth:`aclose`,
+    ``async with`` around it) cancels the synthesis and frees its slot; so does dropping the
+    stream without closing it (its finalizer does what :meth:`cancel` does).
 
     Every chunk is watermarked (``mark``: the session's stateful watermarker, or None) and hashed
     into the audit entry; the stream that owns its entry records it when it ends (an utterance's
     pieces share the utterance's entry, which the utterance records)."""
 
-    def __init__(self, service: TTSService, session: Session, events: asyncio.Queue, audit: AuditEntry | None = None,
-                 owns_audit: bool = True, mark: Callable[[np.ndarray], np.ndarray] | None = None):
-        self._service, self._session, self._events = service, session, events
+    def __init__(self, session: Session, events: asyncio.Queue, cancel: Callable[[], None],
+                 audit: AuditEntry | None = None, owns_audit: bool = True,
+                 mark: Callable[[np.ndarray], np.ndarray] | None = None):
+        self._session, self._events, self._mark = session, events, mark
+        self._audit = audit
         self.session_id = session.session_id
-        self.metrics: dict[str, Any] | None = None
-        self._done = False
-        self._audit, self._owns_audit, self._mark = audit, owns_audit, mark
+        self.metrics: SessionMetrics | None = None
+        self._ending = _Ending(cancel, audit, owns_audit)
+        weakref.finalize(self, self._ending.abandon).atexit = False  # not at interpreter exit: nothing to free
+
+    @property
+    def closed(self) -> bool:
+        return self._ending.closed
 
     def __aiter__(self) -> SpeechStream:
         return self
 
     async def __anext__(self) -> AudioChunk:
-        if self._done:
+        if self.closed:
             raise StopAsyncIteration
         try:
             ev = await self._events.get()
@@ -83,17 +112,10 @@ class SpeechStream:
             pcm = to_int16(ev.pcm if self._mark is None else self._mark(ev.pcm))
             if self._audit is not None:
                 self._audit.add_pcm(pcm)
-            return AudioChunk(
-                pcm=pcm,
-                sample_rate=orpheus.SAMPLE_RATE,
-                offset_samples=ev.offset,
-                index=ev.index,
-                elapsed_ms=1000 * (time.monotonic() - self._session.created),
-                late=ev.late,
-            )
-        self._done = True
+            return AudioChunk(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, offset_samples=ev.offset, index=ev.index,
+                              elapsed_ms=1000 * (time.monotonic() - self._session.created), late=ev.late)
         self.metrics = ev.metrics
-        self._record(ev.outcome, None if ev.outcome == FINISHED else ev.reason)
+        self._ending.end(ev.outcome, None if ev.outcome == FINISHED else ev.reason)
         if ev.outcome == FINISHED:
             raise StopAsyncIteration
         if ev.outcome == CANCELLED and ev.reason == "shutdown":
@@ -105,21 +127,14 @@ class SpeechStream:
         raise SynthesisFailed(ev.reason or "synthesis failed")
 
     def cancel(self) -> None:
-        if not self._done:
-            self._done = True
-            self._service._cancel(self.session_id)
-            self._record(CANCELLED, "cancelled")
-
-    def _record(self, outcome: str, reason: str | None) -> None:
-        if self._audit is not None and self._owns_audit:
-            self._audit.finish(outcome, reason)
+        """Stop now: the engine frees the slot at its next step; iterating again ends at once."""
+        self._ending.abandon()
 
     async def aclose(self) -> None:
         self.cancel()
 
-    def __del__(self) -> None:
-        # left without aclose (a library caller's ``break``): the synthesis stops and its row is recorded
-        try:
-            self.cancel()
-        except Exception:  # noqa: BLE001 - interpreter shutdown, or the service is gone
-            pass
+    async def __aenter__(self) -> SpeechStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()

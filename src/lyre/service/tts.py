@@ -15,47 +15,37 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from lyre.audio.watermark import Marker, Watermark
-from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
 from lyre.config import LyreConfig, apply_overrides, load_config
 from lyre.config.schema import PUBLISHED_WATERMARK_KEY
 from lyre.core.admission import AdmissionGate, Overloaded
 from lyre.core.engine_loop import EngineLoop
 from lyre.core.metrics import Metrics
-from lyre.core.pipeline import AudioPipeline
 from lyre.core.scheduler import Scheduler
 from lyre.core.session import Segment, Session
-from lyre.engine.backend import BackendError, Environment, check_manifest, probe_environment, select_backend
+from lyre.core.stats import StatsSnapshot
 from lyre.engine.base import SamplingParams
-from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.errors import (
     InvalidRequest,
-    LyreError,
-    OutOfRange,
     OverloadedError,
     ServiceUnavailable,
-    SynthesisCancelled,
-    SynthesisFailed,
-    SynthesisTimeout,
     TextTooLong,
     UnknownVoice,
 )
 from lyre.model import checkpoint, orpheus
+from lyre.service import runtime
 from lyre.service.options import SynthesisRequest, parse
-from lyre.service.stream import Audio, AudioChunk, SpeechStream
+from lyre.service.stream import Audio, SpeechStream
 from lyre.service.text import MAX_SEGMENT_CHARS, split_text
 from lyre.service.utterance import Utterance
 from lyre.service.voices import Voices
-from lyre.storage.db import default_url, open_database
 from lyre.storage.registry import Voice
 from lyre.trust.accounts import DEFAULT_ACCOUNT
 from lyre.trust.audit import AuditEntry, AuditTrail
@@ -63,26 +53,8 @@ from lyre.trust.audit import AuditEntry, AuditTrail
 log = logging.getLogger("lyre.service")
 
 
-# the errors are defined in lyre.errors and importable from here too
-__all__ = ["InvalidRequest", "LyreError", "OutOfRange", "OverloadedError", "ServiceUnavailable", "SynthesisCancelled",
-           "SynthesisFailed", "SynthesisTimeout", "TextTooLong", "UnknownVoice", "TTSService", "SpeechStream",
-           "Audio", "AudioChunk"]
-
-
 # --------------------------------------------------------------------------------------------
 # the service
-
-
-SEGMENT_PROMPT_TOKENS = 160  # room a segment's own prompt needs beside a reference turn (~280 characters)
-
-
-def _cpu_runtime(runtime: str, device: str) -> bool:
-    """Does a CPU runtime of its own (onnxruntime, openvino) run the streaming codec? Then the codec
-    and the engine can decode and step on separate cores at once (``codec.overlap: auto``)."""
-    try:
-        return resolve_runtime(runtime, device) != "torch"
-    except CodecError:
-        return False  # build_codec says why
 
 
 class TTSService:
@@ -117,88 +89,15 @@ class TTSService:
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def __aenter__(self) -> TTSService:
-        await asyncio.to_thread(self._load)
+        rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices)
+        self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
+        self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
+        self.voices.on_delete.append(self._forget_voice)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_deleted_voices())
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
-
-    def _load(self) -> None:
-        cfg = self.config
-        env = probe_environment() if cfg.model.backend != "torch" else Environment()
-        try:
-            choice = select_backend(cfg.model.backend, cfg.build.engine_dir, env)
-        except BackendError as e:
-            raise LyreError(str(e)) from None
-        # first: a database that cannot be opened stops the start at once, naming it
-        self.database = open_database(cfg.voices.database_url or default_url(cfg.data_dir))
-        self.voices.open(self.database)
-        self.audit = AuditTrail(self.database, cfg.audit)
-        self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
-        self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
-        cores = os.cpu_count() or 2
-        engine_threads = cfg.model.cpu_threads or max(1, cores // 2)
-        if choice.name == "trtllm":
-            engine, device, description = self._trtllm_engine(env)
-        else:
-            engine_cfg = TorchEngineConfig.from_config(cfg)
-            if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
-                torch.set_num_threads(engine_threads)
-            engine = TorchEngine.from_checkpoint(self.model.llama_dir, engine_cfg)
-            device, description = engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
-        codec_device = cfg.codec.device if cfg.codec.device != "auto" else device
-        on_gpu = codec_device == "cuda"
-        codec_dtype = torch.float16 if (cfg.codec.fp16 and on_gpu) else torch.float32
-        snac = checkpoint.load_snac(self.model.snac_dir, codec_device, codec_dtype)
-        configure_noise(snac, cfg.codec.noise, cfg.codec.noise_seed)
-        room = cfg.kv_cache.max_seq_len - cfg.sampling.max_tokens
-        if choice.name == "trtllm":
-            room = min(room, cfg.build.max_input_len)
-        self.voices.attach(snac, self.tokenizer, self.model.snac_dir, self.model.source, room - SEGMENT_PROMPT_TOKENS)
-        overlap = cfg.codec.overlap == "on" or (cfg.codec.overlap == "auto" and (on_gpu or (
-            cfg.codec.mode == "stream" and cores >= 2 and _cpu_runtime(cfg.codec.runtime, codec_device))))
-        # the CPU codec runtime's threads: every core between engine steps, the engine's spare cores beside them
-        codec_threads = cfg.codec.cpu_threads or (max(1, cores - engine_threads) if overlap else cores)
-        try:
-            codec = build_codec(cfg.codec, snac, codec_device, codec_dtype, codec_threads)
-        except CodecError as e:
-            raise LyreError(str(e)) from None
-        settings = StreamSettings(
-            context_frames=cfg.codec.context_frames,
-            first_flush_frames=cfg.scheduler.flush_first_n_tokens // orpheus.FRAME_TOKENS,
-            every_flush_frames=cfg.scheduler.flush_every_n_tokens // orpheus.FRAME_TOKENS,
-            max_chunk_frames=cfg.codec.max_chunk_frames,
-            warmup_frames=cfg.codec.warmup_frames,
-        )
-        warm_up(codec, settings)  # the first caller does not pay the codec's first runs
-        audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, self.metrics, overlap,
-                              cfg.scheduler.first_chunk)
-        self.scheduler = Scheduler(cfg.scheduler, engine, audio, self.gate, metrics=self.metrics)
-        self._loop = EngineLoop(self.scheduler)
-        self._loop.start()
-        self.voices.on_delete.append(self._forget_voice)
-        self.backend = choice
-        log.info("engine: %s; %s; model %s%s", description, choice.reason, self.model.source,
-                 " — DEMO, audio is noise" if self.model.is_demo else "")
-
-    def _trtllm_engine(self, env: Environment) -> tuple[Any, str, str]:
-        """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
-        from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
-
-        cfg = self.config
-        try:
-            manifest = check_manifest(cfg.build.engine_dir, env)
-        except BackendError as e:
-            raise LyreError(str(e)) from None
-        if self.model.is_demo and Path(manifest.model_source).resolve() != self.model.llama_dir.resolve():
-            raise LyreError(
-                f"the engine in {cfg.build.engine_dir} was built from {manifest.model_source}, but the tokenizer and "
-                f"codec resolve to the demo checkpoint: set model.path to the checkpoint the engine was built from"
-            )
-        engine = TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
-        return engine, "cuda", (f"trtllm {manifest.quantization} engine {cfg.build.engine_dir} on {manifest.gpu_name} "
-                                f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")
 
     async def aclose(self) -> None:
         """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
@@ -267,7 +166,8 @@ class TTSService:
         if not self._loop.post(lambda: self.scheduler.submit(session)):
             self.gate.leave()
             raise ServiceUnavailable("the service is shutting down")
-        return SpeechStream(self, session, events, audit, owns_audit, mark if mark is not None else self.marker())
+        return SpeechStream(session, events, lambda: self._cancel(session.session_id), audit, owns_audit,
+                            mark if mark is not None else self.marker())
 
     async def synthesize(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
                          **sampling: Any) -> Audio:
@@ -275,7 +175,7 @@ class TTSService:
         stream = self.stream(text, voice, account=account, **sampling)
         parts = [chunk.pcm async for chunk in stream]
         pcm = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int16)
-        return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics or {})
+        return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics)
 
     def speak(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
               protocol: str = "library", **sampling: Any) -> SpeechStream | Utterance:
@@ -341,9 +241,10 @@ class TTSService:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
         voice = self._voice(voice, account)
         self._sampling(parse(SynthesisRequest, {"text": "", **sampling}))
-        return Utterance(self, voice, sampling, self.config.active_profile.max_text_chars,
-                         self.config.server.max_pending_text_chars, account=account,
-                         audit=self._audit_entry(voice, account, protocol), mark=self.marker())
+        audit = self._audit_entry(voice, account, protocol)
+        mark = self.marker()  # one watermark across the pieces: the pattern runs on without a jump
+        return Utterance(lambda piece: self.stream(piece, voice, account=account, audit=audit, mark=mark, **sampling),
+                         self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit)
 
     def marker(self) -> Marker | None:
         """A new stream's watermarker (None with watermark.enabled false)."""
@@ -412,8 +313,7 @@ class TTSService:
 
     # --- observability --------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
-        """The seed 004 ``/v1/stats`` snapshot (as published by the engine thread after its last step)."""
-        if self.scheduler is None:
-            return {}
-        return self.scheduler.snapshot
+    def stats(self) -> StatsSnapshot | None:
+        """The server as the engine thread published it after its last step (None before the start);
+        ``.as_dict()`` is seed 004's ``/v1/stats`` JSON."""
+        return self.scheduler.snapshot if self.scheduler is not None else None

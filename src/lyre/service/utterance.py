@@ -10,7 +10,9 @@ stream of audio. The WebSocket contexts, gRPC ``StreamingSynthesize`` and the li
             play(chunk.pcm)
 
 Text is cut into pieces by :class:`~lyre.service.text.SentenceStream` (sentences, each at most the
-profile's ``max_text_chars``). Pieces are spoken in order, each as one session; at most one piece
+profile's ``max_text_chars``). Pieces are spoken in order, each as one session started by the
+utterance's :class:`Speaker` (the service's ``stream`` with the utterance's voice, account, audit
+row and watermark); at most one piece
 generates ahead of the one being heard, so there is no gap between pieces and one utterance never
 holds more than two admission places. Text waiting to be spoken is bounded by
 ``server.max_pending_text_chars``: an append beyond it is refused (InvalidRequest) and changes nothing.
@@ -22,28 +24,46 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from lyre.errors import InvalidRequest, OverloadedError, SynthesisCancelled
 from lyre.service.text import SentenceStream
-from lyre.trust.accounts import DEFAULT_ACCOUNT
 
 if TYPE_CHECKING:
-    from lyre.audio.watermark import Marker
-    from lyre.service.tts import AudioChunk, SpeechStream, TTSService
-    from lyre.storage.registry import Voice
+    from lyre.core.stats import SessionMetrics
+    from lyre.service.stream import AudioChunk, SpeechStream
     from lyre.trust.audit import AuditEntry
 
 AHEAD = 1  # pieces generating ahead of the one being heard
 
 
+class Speaker(Protocol):
+    """Starts the synthesis of one piece of the utterance (raises as ``TTSService.stream`` does)."""
+
+    def __call__(self, text: str) -> SpeechStream: ...
+
+
+@dataclass(frozen=True)
+class UtteranceMetrics:
+    """How an utterance went, over its pieces."""
+
+    ttfb_ms: float | None  # from when its first piece was complete to its first audio
+    tokens: int
+    prompt_tokens: int
+    audio_seconds: float
+    chunks: int
+    late_chunks: int
+    pieces: int  # spoken to the end
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class Utterance:
-    def __init__(self, service: TTSService, voice: str | Voice | None, sampling: dict[str, Any], max_chars: int,
-                 max_pending_chars: int, account: str = DEFAULT_ACCOUNT, audit: AuditEntry | None = None,
-                 mark: Marker | None = None):
-        self._service, self._voice, self._sampling, self._account = service, voice, sampling, account
+    def __init__(self, speak: Speaker, max_chars: int, max_pending_chars: int, audit: AuditEntry | None = None):
+        self._speak = speak
         self._audit = audit  # the utterance's one audit row: every piece's PCM, recorded when it ends
-        self._mark = mark  # one watermark across the pieces: the pattern runs on without a jump
         self.max_pending_chars = max_pending_chars
         self._text = SentenceStream(max_chars)
         self._queue: deque[str] = deque()  # complete pieces not started yet
@@ -57,8 +77,7 @@ class Utterance:
         self.pieces: list[str] = []  # every piece handed to synthesis, in order
         self._samples = 0
         self._index = 0
-        self.metrics: dict[str, Any] = {"ttfb_ms": None, "tokens": 0, "prompt_tokens": 0, "audio_seconds": 0.0,
-                                        "chunks": 0, "late_chunks": 0, "pieces": 0}
+        self.metrics = UtteranceMetrics(None, 0, 0, 0.0, 0, 0, 0)  # grows as each piece ends
 
     # --- the producer side ----------------------------------------------------------------------
 
@@ -154,8 +173,7 @@ class Utterance:
             piece = self._queue[0]
             started_at = time.monotonic()  # not after the session's own start (its TTFB's origin)
             try:
-                stream = self._service.stream(piece, self._voice, account=self._account, audit=self._audit,
-                                              mark=self._mark, **self._sampling)
+                stream = self._speak(piece)
             except OverloadedError:
                 if raise_overload and not self._streams:
                     raise
@@ -170,7 +188,7 @@ class Utterance:
     @property
     def current_piece(self) -> str | None:
         """The text of the piece the last chunk returned belongs to (None before the first)."""
-        return self.pieces[self.metrics["pieces"]] if self.metrics["pieces"] < len(self.pieces) else None
+        return self.pieces[self.metrics.pieces] if self.metrics.pieces < len(self.pieces) else None
 
     def __aiter__(self) -> Utterance:
         return self
@@ -197,7 +215,7 @@ class Utterance:
                     chunk = await stream.__anext__()
                 except StopAsyncIteration:
                     self._streams.popleft()
-                    self._count(stream.metrics or {}, started_at)
+                    self._count(stream.metrics, started_at)
                     continue
                 chunk = dataclasses.replace(chunk, offset_samples=self._samples, index=self._index)
                 self._samples += len(chunk.pcm)
@@ -215,13 +233,18 @@ class Utterance:
         if self._audit is not None and not self.closed:
             self._audit.finish(outcome, reason)
 
-    def _count(self, m: dict[str, Any], started_at: float) -> None:
+    def _count(self, m: SessionMetrics | None, started_at: float) -> None:
         """Add a finished piece's metrics. TTFB is the utterance's: from when its first piece was complete
         (the message that completed it, not the socket's idle time before) to its first audio, so a
         piece that had to wait for admission counts that wait."""
-        if self.metrics["ttfb_ms"] is None and m.get("ttfb_ms") is not None:
+        total = self.metrics
+        ttfb = total.ttfb_ms
+        if ttfb is None and m is not None and m.ttfb_ms is not None:
             ready_at = started_at if self._ready_at is None else self._ready_at
-            self.metrics["ttfb_ms"] = m["ttfb_ms"] + 1000 * max(0.0, started_at - ready_at)
-        for key in ("tokens", "prompt_tokens", "audio_seconds", "chunks", "late_chunks"):
-            self.metrics[key] += m.get(key, 0) or 0
-        self.metrics["pieces"] += 1
+            ttfb = m.ttfb_ms + 1000 * max(0.0, started_at - ready_at)
+        if m is None:
+            self.metrics = dataclasses.replace(total, ttfb_ms=ttfb, pieces=total.pieces + 1)
+            return
+        self.metrics = UtteranceMetrics(ttfb, total.tokens + m.tokens, total.prompt_tokens + m.prompt_tokens,
+                                        total.audio_seconds + m.audio_seconds, total.chunks + m.chunks,
+                                        total.late_chunks + m.late_chunks, total.pieces + 1)

@@ -35,10 +35,11 @@ from lyre.api.common import (
 )
 from lyre.api.grpc.voices import VoiceMethods
 from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
+from lyre.core.stats import SessionMetrics
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections
 from lyre.service.options import SamplingOptions, parse
 from lyre.service.tts import TTSService
-from lyre.service.utterance import Utterance
+from lyre.service.utterance import Utterance, UtteranceMetrics
 from lyre.trust.accounts import Accounts
 
 try:
@@ -86,12 +87,13 @@ def _sampling(options: Any) -> dict[str, Any]:
     return parse(SamplingOptions, fields).sampling()
 
 
-def _metrics(m: dict[str, Any] | None) -> Any:
-    m = m or {}
+def _metrics(m: SessionMetrics | UtteranceMetrics | None) -> Any:
+    if m is None:
+        return tts_pb2.SynthesisMetrics(pieces=1)
     return tts_pb2.SynthesisMetrics(
-        ttfb_ms=m.get("ttfb_ms") or 0.0, tokens=m.get("tokens", 0), audio_seconds=m.get("audio_seconds", 0.0),
-        real_time_factor=m.get("real_time_factor") or 0.0, chunks=m.get("chunks", 0),
-        late_chunks=m.get("late_chunks", 0), pieces=m.get("pieces", 1))
+        ttfb_ms=m.ttfb_ms or 0.0, tokens=m.tokens, audio_seconds=m.audio_seconds,
+        real_time_factor=getattr(m, "real_time_factor", None) or 0.0, chunks=m.chunks, late_chunks=m.late_chunks,
+        pieces=getattr(m, "pieces", 1))
 
 
 class _Chunks:
@@ -208,14 +210,14 @@ class TextToSpeech(VoiceMethods, Servicer):
     async def GetStats(self, request, context):
         async with self._serving(context, request):
             s = self.service.stats()
-            sch, kv, engine = s.get("scheduler", {}), s.get("kv_cache", {}), dict(s.get("engine", {}))
+            sch, kv, engine = s.scheduler, s.kv_cache, s.as_dict()["engine"]
             backend = engine.pop("backend", "")
             return tts_pb2.Stats(
                 scheduler=tts_pb2.Stats.Scheduler(
-                    total_sessions=sch.get("total_sessions", 0), active_sessions=sch.get("active_sessions", 0),
-                    pending_sessions=sch.get("pending_sessions", 0), max_concurrent=sch.get("max_concurrent", 0)),
-                kv_cache=tts_pb2.Stats.KvCache(used_slots=kv.get("used_slots", 0), free_slots=kv.get("free_slots", 0)),
-                total_tokens=s.get("total_tokens", 0), total_batches=s.get("total_batches", 0),
+                    total_sessions=sch.total_sessions, active_sessions=sch.active_sessions,
+                    pending_sessions=sch.pending_sessions, max_concurrent=sch.max_concurrent),
+                kv_cache=tts_pb2.Stats.KvCache(used_slots=kv.used_slots, free_slots=kv.free_slots),
+                total_tokens=s.total_tokens, total_batches=s.total_batches,
                 backend=backend, engine={k: float(v) for k, v in engine.items()})
 
 

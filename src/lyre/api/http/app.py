@@ -49,7 +49,8 @@ from lyre.api.http.openapi import document
 from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.options import SpeechBody, parse
-from lyre.service.tts import SpeechStream, TTSService
+from lyre.service.stream import SpeechStream
+from lyre.service.tts import TTSService
 from lyre.service.utterance import Utterance
 from lyre.trust.accounts import Accounts
 
@@ -221,10 +222,10 @@ async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: 
             await _send(resp, await encode(encoder, chunk.pcm), sse)
         await _send(resp, await finish(encoder), sse)
         if sse:
-            m = stream.metrics or {}
-            usage = {"input_tokens": m.get("prompt_tokens", 0), "output_tokens": m.get("tokens", 0)}
+            m = stream.metrics
+            usage = {"input_tokens": m.prompt_tokens if m else 0, "output_tokens": m.tokens if m else 0}
             usage["total_tokens"] = usage["input_tokens"] + usage["output_tokens"]
-            await _sse(resp, {"type": "speech.audio.done", "usage": usage, "metrics": m})
+            await _sse(resp, {"type": "speech.audio.done", "usage": usage, "metrics": m.as_dict() if m else {}})
         await resp.write_eof()
         return resp
     except (LyreError, asyncio.CancelledError) as e:
@@ -284,7 +285,8 @@ async def request_id_header(request: web.Request, response: web.StreamResponse) 
 
 
 async def stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[SERVICE].stats())
+    snapshot = request.app[SERVICE].stats()
+    return web.json_response(snapshot.as_dict() if snapshot is not None else {})
 
 
 async def health(request: web.Request) -> web.Response:
@@ -302,11 +304,11 @@ async def ready(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     inflight = request.app[INFLIGHT]
     reason = "draining" if inflight.draining or inflight.announced else service.readiness()
-    stats = service.stats()
-    sch = stats.get("scheduler", {})
-    body = {"ready": reason is None, "reason": reason, "active_sessions": sch.get("active_sessions", 0),
-            "pending_sessions": sch.get("pending_sessions", 0), "capacity": service.config.scheduler.max_concurrent_sessions,
-            "capacity_utilisation": stats.get("capacity_utilisation", 0.0)}
+    s = service.stats()
+    body = {"ready": reason is None, "reason": reason, "active_sessions": s.scheduler.active_sessions if s else 0,
+            "pending_sessions": s.scheduler.pending_sessions if s else 0,
+            "capacity": service.config.scheduler.max_concurrent_sessions,
+            "capacity_utilisation": s.capacity_utilisation if s else 0.0}
     return web.json_response(body, status=200 if reason is None else 503)
 
 

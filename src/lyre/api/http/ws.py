@@ -262,7 +262,7 @@ class Context:
             async for chunk in self.utterance:
                 await self._audio(await encode(self.encoder, chunk.pcm))
             await self._audio(await finish(self.encoder))
-            await self._json({"done": True, "metrics": self.utterance.metrics})
+            await self._json({"done": True, "metrics": self.utterance.metrics.as_dict()})
         except LyreError as e:
             await self._json({"error": error_body(e)})
         except ConnectionResetError:  # the socket went away

@@ -1,0 +1,85 @@
+"""What the engine thread tells the rest: frozen snapshots, never live structures or loose dicts.
+
+- :class:`SessionMetrics`: how one synthesis went, delivered with its end;
+- :class:`StatsSnapshot`: the whole server after a step, published by the scheduler for any thread
+  to read; :meth:`StatsSnapshot.as_dict` is seed 004's ``/v1/stats`` JSON.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from lyre.codec.base import CodecStats
+from lyre.engine.base import EngineStats
+
+
+@dataclass(frozen=True)
+class SessionMetrics:
+    """How one synthesis went."""
+
+    ttfb_ms: float | None  # request received -> first audio; None when none came
+    tokens: int  # generated
+    prompt_tokens: int
+    audio_seconds: float
+    elapsed_s: float
+    real_time_factor: float | None  # elapsed over audio seconds
+    chunks: int
+    late_chunks: int  # delivered after the listener had played all the audio before them
+    segments: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    total_sessions: int
+    active_sessions: int  # holding a KV slot
+    pending_sessions: int  # admitted, waiting for a slot
+    max_concurrent: int
+    policy: str
+    throttled_sessions: int  # not generating: their clients hold scheduler.max_buffer_s of unread audio
+
+
+@dataclass(frozen=True)
+class KVCacheStats:
+    used_slots: int
+    free_slots: int
+
+
+@dataclass(frozen=True)
+class StatsSnapshot:
+    """The server after the engine thread's last step."""
+
+    scheduler: SchedulerStats
+    kv_cache: KVCacheStats
+    engine: EngineStats
+    codec: CodecStats | None
+    capacity_utilisation: float  # active + pending sessions over the KV slots: the figure to autoscale on
+    extra: Mapping[str, Any] = field(default_factory=dict)  # a peer's own figures (the benchmark's baseline)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.engine.total_tokens
+
+    @property
+    def total_batches(self) -> int:
+        return self.engine.total_steps
+
+    def as_dict(self) -> dict[str, Any]:
+        """Seed 004's ``/v1/stats`` JSON (scheduler, kv_cache, total_tokens, total_batches), with the
+        engine's and the codec's figures."""
+        e = self.engine
+        return {
+            "scheduler": asdict(self.scheduler),
+            "kv_cache": asdict(self.kv_cache),
+            "total_tokens": self.total_tokens,
+            "total_batches": self.total_batches,
+            "capacity_utilisation": self.capacity_utilisation,
+            "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, "prompt_tokens": e.prompt_tokens,
+                       "prefilled_tokens": e.prefilled_tokens, **e.extra},
+            "codec": self.codec.as_dict() if self.codec is not None else {},
+            **self.extra,
+        }

@@ -1,0 +1,179 @@
+"""What a running service is made of, built from its config: the database, the checkpoint and
+tokenizer, the token engine, the codec, and the engine thread that runs the scheduler over them.
+
+:func:`start` builds it in order (blocking; the service runs it in a worker thread): a database that
+cannot be opened stops the start at once, before any model is loaded; the engine and the codec share
+the CPU by :func:`cpu_split`; the codec is warmed up before the first caller comes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from sqlalchemy.engine import Engine as Database
+
+from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
+from lyre.config import LyreConfig
+from lyre.core.admission import AdmissionGate
+from lyre.core.engine_loop import EngineLoop
+from lyre.core.metrics import Metrics
+from lyre.core.pipeline import AudioPipeline
+from lyre.core.scheduler import Scheduler
+from lyre.engine.backend import (
+    BackendChoice,
+    BackendError,
+    Environment,
+    check_manifest,
+    probe_environment,
+    select_backend,
+)
+from lyre.engine.base import TokenEngine
+from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
+from lyre.errors import LyreError
+from lyre.model import checkpoint, orpheus
+from lyre.service.voices import Voices
+from lyre.storage.db import default_url, open_database
+from lyre.trust.audit import AuditTrail
+
+log = logging.getLogger("lyre.service")
+
+SEGMENT_PROMPT_TOKENS = 160  # room a segment's own prompt needs beside a reference turn (~280 characters)
+
+
+@dataclass
+class Runtime:
+    backend: BackendChoice
+    database: Database
+    audit: AuditTrail
+    model: checkpoint.ResolvedModel
+    tokenizer: Any
+    scheduler: Scheduler
+    loop: EngineLoop  # started: the engine thread runs
+
+
+@dataclass(frozen=True)
+class CpuSplit:
+    engine_threads: int  # torch's intra-op threads for the PyTorch engine on CPU
+    codec_threads: int  # the CPU codec runtime's threads
+    overlap: bool  # the codec decodes on its own thread while the engine steps
+
+
+def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices) -> Runtime:
+    """Build and start everything ``cfg`` asks for; ``voices`` is opened on the database and given
+    what enrollment encodes with. Raises LyreError (or CheckpointError, DatabaseError) naming what
+    cannot run."""
+    choice, env = choose_backend(cfg)
+    database = open_database(cfg.voices.database_url or default_url(cfg.data_dir))  # first: fails fast
+    voices.open(database)
+    audit = AuditTrail(database, cfg.audit)
+    model = checkpoint.resolve_model(cfg.model, cfg.codec)
+    tokenizer = checkpoint.load_tokenizer(model.llama_dir)
+    engine, device, description = build_engine(cfg, choice, env, model)
+    codec_device = cfg.codec.device if cfg.codec.device != "auto" else device
+    codec_dtype = torch.float16 if (cfg.codec.fp16 and codec_device == "cuda") else torch.float32
+    snac = configure_noise(checkpoint.load_snac(model.snac_dir, codec_device, codec_dtype), cfg.codec.noise,
+                           cfg.codec.noise_seed)
+    voices.attach(snac, tokenizer, model.snac_dir, model.source, reference_room(cfg, choice))
+    split = cpu_split(cfg, codec_device)
+    try:
+        codec = build_codec(cfg.codec, snac, codec_device, codec_dtype, split.codec_threads)
+    except CodecError as e:
+        raise LyreError(str(e)) from None
+    settings = stream_settings(cfg)
+    warm_up(codec, settings)  # the first caller does not pay the codec's first runs
+    audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, metrics, split.overlap,
+                          cfg.scheduler.first_chunk)
+    scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics)
+    loop = EngineLoop(scheduler)
+    loop.start()
+    log.info("engine: %s; %s; model %s%s", description, choice.reason, model.source,
+             " — DEMO, audio is noise" if model.is_demo else "")
+    return Runtime(choice, database, audit, model, tokenizer, scheduler, loop)
+
+
+def choose_backend(cfg: LyreConfig) -> tuple[BackendChoice, Environment]:
+    """``model.backend`` against what this machine has (probed only when TensorRT-LLM may serve)."""
+    env = probe_environment() if cfg.model.backend != "torch" else Environment()
+    try:
+        return select_backend(cfg.model.backend, cfg.build.engine_dir, env), env
+    except BackendError as e:
+        raise LyreError(str(e)) from None
+
+
+def build_engine(cfg: LyreConfig, choice: BackendChoice, env: Environment,
+                 model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
+    """The token engine, the device it runs on, and how to say it in the log."""
+    if choice.name == "trtllm":
+        return _trtllm_engine(cfg, env, model)
+    engine_cfg = TorchEngineConfig.from_config(cfg)
+    if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
+        torch.set_num_threads(_engine_threads(cfg))
+    engine = TorchEngine.from_checkpoint(model.llama_dir, engine_cfg)
+    return engine, engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
+
+
+def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
+    """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
+    from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
+
+    try:
+        manifest = check_manifest(cfg.build.engine_dir, env)
+    except BackendError as e:
+        raise LyreError(str(e)) from None
+    if model.is_demo and Path(manifest.model_source).resolve() != model.llama_dir.resolve():
+        raise LyreError(
+            f"the engine in {cfg.build.engine_dir} was built from {manifest.model_source}, but the tokenizer and "
+            f"codec resolve to the demo checkpoint: set model.path to the checkpoint the engine was built from"
+        )
+    engine = TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
+    return engine, "cuda", (f"trtllm {manifest.quantization} engine {cfg.build.engine_dir} on {manifest.gpu_name} "
+                            f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")
+
+
+def reference_room(cfg: LyreConfig, choice: BackendChoice) -> int:
+    """Tokens a cloned voice's reference turn may take: a slot's room for the prompt, less what a
+    segment's own text needs (a longer reference is refused at enrollment)."""
+    room = cfg.kv_cache.max_seq_len - cfg.sampling.max_tokens
+    if choice.name == "trtllm":
+        room = min(room, cfg.build.max_input_len)
+    return room - SEGMENT_PROMPT_TOKENS
+
+
+def _engine_threads(cfg: LyreConfig) -> int:
+    return cfg.model.cpu_threads or max(1, (os.cpu_count() or 2) // 2)
+
+
+def cpu_split(cfg: LyreConfig, codec_device: str) -> CpuSplit:
+    """How the engine and the codec share the CPU. With a CPU runtime of its own (onnxruntime,
+    openvino) the codec decodes on its own thread while the engine steps (``codec.overlap: auto``),
+    on the cores the engine leaves; without overlap it has every core between engine steps."""
+    cores = os.cpu_count() or 2
+    engine_threads = _engine_threads(cfg)
+    c = cfg.codec
+    overlap = c.overlap == "on" or (c.overlap == "auto" and (codec_device == "cuda" or (
+        c.mode == "stream" and cores >= 2 and _cpu_runtime(c.runtime, codec_device))))
+    codec_threads = c.cpu_threads or (max(1, cores - engine_threads) if overlap else cores)
+    return CpuSplit(engine_threads, codec_threads, overlap)
+
+
+def _cpu_runtime(runtime: str, device: str) -> bool:
+    """Does a CPU runtime of its own (onnxruntime, openvino) run the streaming codec?"""
+    try:
+        return resolve_runtime(runtime, device) != "torch"
+    except CodecError:
+        return False  # build_codec says why
+
+
+def stream_settings(cfg: LyreConfig) -> StreamSettings:
+    return StreamSettings(
+        context_frames=cfg.codec.context_frames,
+        first_flush_frames=cfg.scheduler.flush_first_n_tokens // orpheus.FRAME_TOKENS,
+        every_flush_frames=cfg.scheduler.flush_every_n_tokens // orpheus.FRAME_TOKENS,
+        max_chunk_frames=cfg.codec.max_chunk_frames,
+        warmup_frames=cfg.codec.warmup_frames,
+    )
