@@ -11,7 +11,7 @@ import asyncio
 
 from aiohttp import web
 
-from lyre.api.http.app import SERVICE, draining
+from lyre.api.http.shared import SERVICE, draining
 from lyre.api.http.voices import read_part
 from lyre.audio.clip import decode
 from lyre.errors import InvalidRequest, OverloadedError, UploadTooLarge

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from lyre.api.common import json_object
-from lyre.api.http.app import ACCOUNT, INFLIGHT, SERVICE, draining
+from lyre.api.http.shared import ACCOUNT, INFLIGHT, SERVICE, draining
 from lyre.errors import InvalidRequest, UploadTooLarge
 from lyre.storage.registry import Voice
 

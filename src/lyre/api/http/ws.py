@@ -46,7 +46,7 @@ from lyre.api.common import (
     finish,
     json_object,
 )
-from lyre.api.http.app import ACCOUNT, INFLIGHT, SERVICE, draining
+from lyre.api.http.shared import ACCOUNT, INFLIGHT, SERVICE, draining
 from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.options import SamplingOptions, WsMessage, parse
