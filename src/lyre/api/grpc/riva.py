@@ -38,8 +38,8 @@ import grpc
 from riva.client.proto import riva_audio_pb2, riva_tts_pb2
 
 from lyre.api.common import describe_text, whole_audio
-from lyre.api.grpc.server import Servicer, Undecodable, log, utterance_audio
-from lyre.api.grpc.server import handlers as _handlers
+from lyre.api.grpc.base import Servicer, Undecodable, log, utterance_audio
+from lyre.api.grpc.base import handlers as _handlers
 from lyre.audio.formats import AudioEncoder, check_format
 from lyre.errors import InvalidRequest, UnknownVoice, shorten
 from lyre.model import orpheus

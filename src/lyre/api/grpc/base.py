@@ -1,0 +1,123 @@
+"""What every gRPC service here shares: the checks before a call (a message that decodes, the API
+key, the drain, the client's limit), Lyre's errors as status codes, method handlers whose request
+decoders hand undecodable messages to the method (INVALID_ARGUMENT, not UNKNOWN), and an
+utterance's audio as a call streams it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from lyre.api.common import DRAIN_TIMEOUT, InFlight, classify, encode, finish, peer_address
+from lyre.audio.formats import AudioEncoder, AudioFormatError
+from lyre.errors import LyreError, TooManyConnections
+from lyre.service.tts import TTSService
+from lyre.service.utterance import Utterance
+from lyre.trust.accounts import Accounts
+
+log = logging.getLogger("lyre.grpc")
+
+
+@dataclass
+class Undecodable:
+    """A request message that did not parse (handed to the method, which answers INVALID_ARGUMENT)."""
+
+    type_name: str
+    error: str
+
+
+def _decoder(cls: Any):
+    def decode(data: bytes) -> Any:
+        try:
+            return cls.FromString(data)
+        except DecodeError as e:
+            return Undecodable(cls.DESCRIPTOR.name, str(e))
+
+    return decode
+
+
+class Servicer:
+    """What every gRPC service here shares: the checks before a call and its errors as status codes."""
+
+    def __init__(self, service: TTSService, inflight: InFlight):
+        self.service = service
+        self.inflight = inflight
+        self.accounts = Accounts(service.config.server)
+
+    @contextlib.asynccontextmanager
+    async def _serving(self, context: grpc.aio.ServicerContext, request: Any = None):
+        """Every call: a message that decodes, the API key (yields its account), not draining, the
+        client's limit; then Lyre's errors become status codes."""
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the request is not a valid {request.type_name} message: {request.error}")
+        metadata = dict(context.invocation_metadata())
+        account = self.accounts.account(metadata.get("authorization"))
+        if account is None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key (authorization: Bearer <key>)")
+        if self.inflight.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        try:
+            address = self.inflight.clients.enter(self.client_address(context, metadata))
+        except TooManyConnections as e:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+        try:
+            with self.inflight:
+                try:
+                    yield account
+                except (LyreError, AudioFormatError) as e:
+                    await context.abort(getattr(grpc.StatusCode, classify(e).grpc_status), str(e))
+                except asyncio.CancelledError:
+                    if self.inflight.draining:
+                        log.info("call cancelled: %s", DRAIN_TIMEOUT)
+                    raise
+        finally:
+            self.inflight.clients.leave(address)
+
+
+    def client_address(self, context: grpc.aio.ServicerContext, metadata: dict | None = None) -> str | None:
+        """The caller's address (behind a trusted balancer: its x-forwarded-for)."""
+        metadata = dict(context.invocation_metadata()) if metadata is None else metadata
+        return self.inflight.address(peer_address(context.peer()), metadata.get("x-forwarded-for"))
+
+
+async def utterance_audio(utterance: Utterance, encoder: AudioEncoder,
+                          reader: asyncio.Task) -> AsyncIterator[tuple[bytes, bool]]:
+    """The encoded audio of an utterance that ``reader`` (a task reading the request stream) feeds:
+    ``(bytes, last)`` pairs, the last one the encoder's tail; the reader's error when it failed.
+    Whatever happens, the reader, the utterance and the encoder end with it."""
+    try:
+        async for chunk in utterance:
+            data = await encode(encoder, chunk.pcm)
+            if data:
+                yield data, False
+        if reader.done():
+            await reader  # a bad message ended the utterance: its error is the answer
+        yield await finish(encoder), True
+    finally:
+        reader.cancel()
+        utterance.cancel()
+        encoder.close()
+
+
+def handlers(servicer: Servicer, service: Any, messages: Any) -> grpc.GenericRpcHandler:
+    """The method handlers of ``service`` (a ServiceDescriptor whose messages are in the generated
+    module ``messages``), with request decoders that hand undecodable messages to the method (so
+    they get INVALID_ARGUMENT, not UNKNOWN)."""
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    table = {}
+    for method in service.methods:
+        make = kinds[(method.client_streaming, method.server_streaming)]
+        table[method.name] = make(
+            getattr(servicer, method.name),
+            request_deserializer=_decoder(getattr(messages, method.input_type.name)),
+            response_serializer=getattr(messages, method.output_type.name).SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, table)
