@@ -42,7 +42,7 @@ from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
 from lyre.benchmarks import watermark as watermark_bench
-from lyre.benchmarks.load import parse_slo
+from lyre.benchmarks.figures import parse_slo
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 from lyre.model import checkpoint
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from lyre.benchmarks.load import find_max, meets, parse_slo, percentile
+from lyre.benchmarks.figures import find_max, meets, parse_slo, percentile
 from tests.support.paths import REPO_ROOT
 
 QUICK = ["--set", "sampling.max_tokens=14", "--set", "sampling.min_tokens=14", "--set", "codec.noise=false", "--set", "scheduler.max_concurrent_sessions=8",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lyre.audio.formats import AudioEncoder
 from lyre.config import VoicesConfig
 from lyre.errors import InvalidAudio, UploadTooLarge
 from lyre.model import orpheus
@@ -62,8 +63,6 @@ def prepare_clip(data: bytes, limits: VoicesConfig) -> ReferenceClip:
         raise InvalidAudio(f"{clipped:.0%} of the clip's samples are at full scale: it is clipping, not a clean "
                            "recording of speech")
     pcm = normalise(to_24k(pcm, rate))
-    from lyre.audio.formats import AudioEncoder
-
     encoder = AudioEncoder("flac", RATE, stream=False)
     flac = encoder.encode(np.round(pcm * 32767).astype(np.int16)) + encoder.finish()
     return ReferenceClip(pcm, flac, hashlib.sha256(flac).hexdigest(), hashlib.sha256(data).hexdigest())

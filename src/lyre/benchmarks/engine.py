@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from lyre.benchmarks.load import TEXT_SETS
 from lyre.config import LyreConfig
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.model import checkpoint, orpheus
+from lyre.model.sample_texts import TEXT_SETS
 
 TEXTS = TEXT_SETS["conversational"]
 

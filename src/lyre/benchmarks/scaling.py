@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from lyre.benchmarks import voices as bench_voices
-from lyre.benchmarks.load import Target, find_max, load_texts, parse_slo, run_level
+from lyre.benchmarks.figures import find_max, parse_slo
+from lyre.benchmarks.load import Target, load_texts, run_level
 from lyre.benchmarks.servers import ManagedServer
 
 

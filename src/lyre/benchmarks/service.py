@@ -13,8 +13,9 @@ import asyncio
 import time
 from typing import Any
 
-from lyre.benchmarks.load import TEXT_SETS, codec_figures, percentile
+from lyre.benchmarks.figures import codec_figures, percentile
 from lyre.config import LyreConfig, apply_overrides
+from lyre.model.sample_texts import TEXT_SETS
 from lyre.service.tts import TTSService
 
 TEXTS = TEXT_SETS["conversational"]

@@ -32,7 +32,8 @@ import grpc
 
 from lyre.benchmarks import fuzz
 from lyre.benchmarks.clients import Outcome, Shared, one
-from lyre.benchmarks.load import percentile, server_stats
+from lyre.benchmarks.figures import percentile
+from lyre.benchmarks.load import server_stats
 from lyre.benchmarks.servers import ManagedServer
 from lyre.config import LyreConfig
 from lyre.model import orpheus

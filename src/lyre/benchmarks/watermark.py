@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from lyre.benchmarks.load import TEXT_SETS
 from lyre.config import LyreConfig
+from lyre.model.sample_texts import TEXT_SETS
 
 SENTENCES = [s for texts in TEXT_SETS.values() for t in texts for s in t.split(". ") if len(s) > 20]
 

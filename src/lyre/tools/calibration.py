@@ -15,17 +15,18 @@ from pathlib import Path
 from typing import Any
 
 from lyre.config import LyreConfig
+from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.errors import BuildError
 from lyre.model import checkpoint, orpheus
+from lyre.model.sample_texts import TEXT_SETS
+from lyre.service.text import MAX_SEGMENT_CHARS, split_text
 
 CONTINUATION_TOKENS = 7 * 24  # 24 frames, ~2 s of audio after each prompt
 
 
 def calibration_prompts(tokenizer: Any, voices: tuple[str, ...] | list[str], n: int) -> list[list[int]]:
     """``n`` serving prompts: the sample sentences (split as the server splits them), voices in turn."""
-    from lyre.benchmarks.load import TEXT_SETS
-    from lyre.service.text import MAX_SEGMENT_CHARS, split_text
-
     segments = [s for texts in TEXT_SETS.values() for t in texts for s in split_text(t, MAX_SEGMENT_CHARS)]
     return [orpheus.build_prompt_ids(tokenizer, segments[i % len(segments)], voices[i % len(voices)])
             for i in range(n)]
@@ -37,9 +38,6 @@ def generate_continuations(
     """Audio tokens the model itself generates after each prompt (PyTorch engine, batched, seeded)."""
     import torch
     from tqdm import tqdm
-
-    from lyre.engine.base import GenerationRequest, SamplingParams
-    from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 
     dtype = torch.float16 if device == "cuda" else torch.float32
     longest = max(len(p) for p in prompts)

@@ -8,6 +8,7 @@ import logging
 import sys
 import time
 
+from lyre.codec import CodecError, build_codec, configure_noise
 from lyre.config import ConfigError, add_config_arguments, config_from_args
 from lyre.model import checkpoint
 
@@ -18,8 +19,6 @@ def main(argv: list[str] | None = None, prog: str = "lyre codec") -> int:
     add_config_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    from lyre.codec import CodecError, build_codec, configure_noise
-
     try:
         cfg = config_from_args(args)
         model = checkpoint.resolve_model(cfg.model, cfg.codec)
