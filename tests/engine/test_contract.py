@@ -18,7 +18,8 @@ import pytest
 from lyre.config import load_config
 from lyre.engine.backend import BackendError, check_manifest, probe_environment, select_backend
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
+from lyre.engine.trtllm.config import TrtllmEngineConfig
+from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.model import orpheus
 from tests.support import fake_trtllm
 from tests.support.engines import make_engine

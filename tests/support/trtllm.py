@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
+from lyre.engine.trtllm.config import TrtllmEngineConfig
+from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.model import orpheus
 from tests.support import fake_trtllm as tle
 

@@ -34,6 +34,8 @@ from lyre.engine.backend import (
 )
 from lyre.engine.base import TokenEngine
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
+from lyre.engine.trtllm.config import TrtllmEngineConfig
+from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.errors import LyreError
 from lyre.model import checkpoint, orpheus
 from lyre.service.voices import Voices
@@ -119,8 +121,6 @@ def build_engine(cfg: LyreConfig, choice: BackendChoice, env: Environment,
 
 def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
     """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
-    from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
-
     try:
         manifest = check_manifest(cfg.build.engine_dir, env)
     except BackendError as e:

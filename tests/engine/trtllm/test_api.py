@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import pytest
 
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig
+from lyre.engine.trtllm.config import TrtllmEngineConfig
+from lyre.engine.trtllm.engine import TrtllmEngine
 from tests.support import fake_trtllm as tle
 from tests.support.paths import REPO_ROOT
 from tests.support.trtllm import PROMPT, run

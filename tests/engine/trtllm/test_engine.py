@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.engine.trtllm.config import TrtllmEngineConfig
 from lyre.engine.trtllm.constraint import AudioConstraint, constrain_logits
-from lyre.engine.trtllm.engine import TrtllmEngine, TrtllmEngineConfig, executor_priority
+from lyre.engine.trtllm.engine import TrtllmEngine
+from lyre.engine.trtllm.requests import executor_priority
 from lyre.model import orpheus
 from tests.support import fake_trtllm as tle
 from tests.support.trtllm import PROMPT, make, req, run, tokens

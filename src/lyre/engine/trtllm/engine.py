@@ -43,59 +43,24 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import random
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from lyre.config import LyreConfig
-from lyre.engine.backend import Manifest
 from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta, check_prompt
+from lyre.engine.trtllm.config import TrtllmEngineConfig
 from lyre.engine.trtllm.constraint import AudioConstraint
-from lyre.model import orpheus
+from lyre.engine.trtllm.requests import make_executor_config, make_request
+from lyre.engine.trtllm.stats import IterationView, latest_iteration
 
 log = logging.getLogger("lyre.engine")
 
-@dataclass(frozen=True)
-class TrtllmEngineConfig:
-    engine_dir: str
-    max_batch_size: int = 32  # requests the engine runs at once (the build's max_batch_size)
-    max_seq_len: int = 4096  # prompt + generated tokens per request (the build's max_seq_len)
-    max_input_len: int = 3072
-    max_num_tokens: int = 8192  # tokens per iteration across the batch
-    vocab_size: int = orpheus.VOCAB_SIZE
-    kv_bytes_per_token: int = 0  # 2 x layers x kv heads x head dim x 2 bytes; 0 = unknown
-    free_gpu_memory_fraction: float = 0.9
-    enable_block_reuse: bool = True
-    enable_chunked_context: bool = True
-    pump_timeout_ms: int = 50  # await_responses timeout: how soon the pump notices close()
-    step_wait_s: float = 0.005  # step() waits this long for a response while requests are in flight
-
-    @classmethod
-    def from_config(cls, cfg: LyreConfig, manifest: Manifest) -> TrtllmEngineConfig:
-        """Limits come from what the engine was built with (its manifest), runtime knobs from the config."""
-        b, m = manifest.build, manifest.build.get("model", {})
-        layers, kv_heads, head_dim = m.get("num_hidden_layers"), m.get("num_key_value_heads"), m.get("head_dim")
-        return cls(
-            engine_dir=cfg.build.engine_dir,
-            max_batch_size=int(b.get("max_batch_size", cfg.build.max_batch_size)),
-            max_seq_len=int(b.get("max_seq_len", cfg.build.max_seq_len)),
-            max_input_len=int(b.get("max_input_len", cfg.build.max_input_len)),
-            max_num_tokens=int(b.get("max_num_tokens", cfg.build.max_num_tokens)),
-            vocab_size=int(m.get("vocab_size", orpheus.VOCAB_SIZE)),
-            kv_bytes_per_token=2 * layers * kv_heads * head_dim * 2 if layers and kv_heads and head_dim else 0,
-            free_gpu_memory_fraction=cfg.kv_cache.free_gpu_memory_fraction,
-            enable_block_reuse=cfg.kv_cache.enable_block_reuse,
-        )
 
 
-def executor_priority(priority: int) -> float:
-    """Scheduler priority (0 ongoing, 1 before first audio, 2 continuation) -> the executor's 0..1 (0.5 default)."""
-    return min(1.0, 0.5 + 0.25 * max(0, priority))
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,12 +83,6 @@ class _PumpFailure:
     error: BaseException
 
 
-@dataclass
-class _IterationView:
-    """The parts of the executor's latest ``IterationStats`` that Lyre shows."""
-
-    iteration: int = 0
-    values: dict[str, float] = field(default_factory=dict)
 
 
 def _load_bindings() -> ModuleType:
@@ -141,18 +100,7 @@ class TrtllmEngine:
         self.capacity = config.max_batch_size
         self.constraint = AudioConstraint()
         tle = self.tle
-        executor_config = tle.ExecutorConfig(
-            1,  # max_beam_width
-            scheduler_config=tle.SchedulerConfig(tle.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT),
-            kv_cache_config=tle.KvCacheConfig(
-                enable_block_reuse=config.enable_block_reuse,
-                free_gpu_memory_fraction=config.free_gpu_memory_fraction,
-            ),
-            enable_chunked_context=config.enable_chunked_context,
-            max_batch_size=config.max_batch_size,
-            max_num_tokens=config.max_num_tokens,
-            logits_post_processor_config=tle.LogitsPostProcessorConfig(processor_batched=self.constraint),
-        )
+        executor_config = make_executor_config(tle, config, self.constraint)
         self.executor = tle.Executor(Path(config.engine_dir), tle.ModelType.DECODER_ONLY, executor_config)
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._live: dict[str, _InFlight] = {}  # request id -> in flight
@@ -161,7 +109,7 @@ class TrtllmEngine:
         self._failing: dict[str, _InFlight] = {}  # request id -> live request whose constraint failed
         self._failed: str | None = None
         self._client_ids = itertools.count(1)
-        self._iter = _IterationView()
+        self._iter = IterationView()
         self.total_requests = self.total_tokens = 0
         self._running = True
         self._pump = threading.Thread(target=self._pump_loop, name="lyre-trtllm-pump", daemon=True)
@@ -217,32 +165,7 @@ class TrtllmEngine:
 
     def to_executor_request(self, request: GenerationRequest, client_id: int) -> Any:
         """The executor ``Request`` for ``request`` (pure translation; no executor call)."""
-        tle, p = self.tle, request.sampling
-        greedy = p.temperature == 0
-        sampling = tle.SamplingConfig(
-            1,  # beam_width
-            top_k=1 if greedy else (p.top_k or None),
-            top_p=None if greedy else p.top_p,
-            temperature=None if greedy else p.temperature,
-            seed=p.seed if p.seed is not None else random.getrandbits(63),
-            min_tokens=p.min_tokens or None,
-            repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
-        )
-        end_id = orpheus.END_OF_SPEECH if orpheus.END_OF_SPEECH in p.stop_ids else p.stop_ids[0]
-        stop_words = [[t] for t in p.stop_ids if t != end_id]
-        return tle.Request(
-            list(request.prompt_ids),
-            min(p.max_tokens, self.cfg.max_seq_len - len(request.prompt_ids)),
-            streaming=True,
-            sampling_config=sampling,
-            output_config=tle.OutputConfig(exclude_input_from_output=True),
-            end_id=end_id,
-            pad_id=orpheus.PAD,
-            stop_words=stop_words or None,
-            priority=executor_priority(request.priority),
-            logits_post_processor_name=tle.Request.BATCHED_POST_PROCESSOR_NAME if p.constrain_audio else None,
-            client_id=client_id,
-        )
+        return make_request(self.tle, request, client_id, self.cfg.max_seq_len)
 
     def cancel(self, request_id: str) -> None:
         """End a request: ``cancel_request`` now, its ``cancelled`` delta at the next step. Unknown ids are ignored."""
@@ -383,30 +306,7 @@ class TrtllmEngine:
     # --- statistics -----------------------------------------------------------------------------
 
     def _poll_iteration_stats(self) -> None:
-        try:
-            stats = self.executor.get_latest_iteration_stats()
-        except Exception:
-            return
-        if not stats:
-            return
-        s = stats[-1]
-        values: dict[str, float] = {
-            "iter_latency_ms": float(s.iter_latency_ms),
-            "active_requests": float(s.num_active_requests),
-            "queued_requests": float(s.num_queued_requests),
-            "gpu_mem_usage_bytes": float(s.gpu_mem_usage),
-        }
-        kv = s.kv_cache_stats  # optional: an iteration may come without it; the last known figures stay
-        if kv is not None:
-            values.update(kv_blocks_max=float(kv.max_num_blocks), kv_blocks_free=float(kv.free_num_blocks),
-                          kv_blocks_used=float(kv.used_num_blocks), kv_tokens_per_block=float(kv.tokens_per_block))
-        else:
-            values.update({k: v for k, v in self._iter.values.items() if k.startswith("kv_")})
-        ifb = s.inflight_batching_stats  # optional too
-        if ifb is not None:
-            values.update(context_requests=float(ifb.num_context_requests),
-                          generation_requests=float(ifb.num_gen_requests))
-        self._iter = _IterationView(int(s.iter), values)
+        self._iter = latest_iteration(self.executor, self._iter)
 
     def stats(self) -> EngineStats:
         v = self._iter.values
