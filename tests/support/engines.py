@@ -120,7 +120,7 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
     forward = engine.model.forward
 
     def forward_pass(batch, cache):
-        seq = engine._by_id.get(request_id)
+        seq = engine.slots.by_id.get(request_id)
         if poisoned(seq) and bool((batch.slots == seq.slot).any()):
             raise fault
         return forward(batch, cache)

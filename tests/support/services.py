@@ -32,8 +32,8 @@ async def engine_state(tts: TTSService) -> dict:
     def probe():
         sch = tts.scheduler
         return {"active": len(sch.active), "pending": len(sch.pending), "requests": len(sch._by_request),
-                "engine_active": sch.engine.stats().active, "engine_ids": len(sch.engine._by_id),
-                "free_slots": len(sch.engine._free_slots), "gate": tts.gate.inside,
+                "engine_active": sch.engine.stats().active, "engine_ids": len(sch.engine.slots.by_id),
+                "free_slots": sch.engine.slots.free, "gate": tts.gate.inside,
                 "codec_states": len(sch.audio.codec.live)}
 
     return await tts.on_engine_thread(probe)

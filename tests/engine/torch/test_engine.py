@@ -35,31 +35,31 @@ def test_kv_cache_is_allocated_once_and_slots_come_back(engine):
     assert all(out[f"s{i}"][-1].finish_reason == "length" and len(tokens_of(out[f"s{i}"])) == 5 for i in range(12))
     assert (engine.cache.k.data_ptr(), engine.cache.v.data_ptr()) == (k_ptr, v_ptr)
     assert engine.stats().active == 0 and not engine.has_work()
-    assert sorted(engine._free_slots) == [0, 1, 2, 3] and not engine._by_id  # nothing kept per finished request
+    assert engine.slots.free == 4 and not engine.slots.by_id  # nothing kept per finished request
 
 
 def test_add_takes_the_lowest_free_slot_at_once_or_refuses_and_keeps_nothing(engine):
     params = SamplingParams(max_tokens=50, seed=2)
     assert all(engine.add(GenerationRequest(f"busy{i}", speech_prompt(i), params)) for i in range(4))
-    assert sorted(s.slot for s in engine._active.values()) == [0, 1, 2, 3]  # slots taken in add(), before any step
+    assert sorted(s.slot for s in engine.slots.by_slot.values()) == [0, 1, 2, 3]  # slots taken in add(), before any step
     before = engine.stats()
     assert engine.add(GenerationRequest("late", speech_prompt(5), params)) is False
     with pytest.raises(ValueError, match="empty"):  # a request that can never run is still refused as such
         engine.add(GenerationRequest("bad", [], params))
     after = engine.stats()
     assert (after.active, after.waiting, after.total_requests) == (4, 0, before.total_requests)
-    assert "late" not in engine._by_id
+    assert "late" not in engine.slots.by_id
     assert "late" not in {d.request_id for d in engine.step()}
     engine.cancel("busy2")
     engine.cancel("busy0")
     engine.step()  # frees slots 0 and 2
     assert engine.add(GenerationRequest("late", speech_prompt(5), params))  # the same id again: nothing was kept
-    assert engine._by_id["late"].slot == 0
+    assert engine.slots.by_id["late"].slot == 0
     for i in (1, 3):
         engine.cancel(f"busy{i}")
     engine.cancel("late")
     engine.step()
-    assert not engine.has_work() and sorted(engine._free_slots) == [0, 1, 2, 3]
+    assert not engine.has_work() and engine.slots.free == 4
 
 
 def test_prompts_prefill_by_priority_then_admission_order(engine):

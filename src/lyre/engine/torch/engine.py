@@ -31,27 +31,25 @@ kept once its prefill has passed the prefix.
 from __future__ import annotations
 
 import collections.abc
-import heapq
 import itertools
 import logging
 import random
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from lyre.config import LyreConfig
-from lyre.engine.base import EngineStats, GenerationRequest, SamplingParams, TokenDelta, check_prompt
+from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_prompt
+from lyre.engine.torch.constrained import BAND, col_ids, constrained_logits, history_cols
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.sampling import Draw, SamplingBatch, apply_repetition_penalty, draw
+from lyre.engine.torch.sequence import Sequence, SlotPool
 from lyre.engine.torch.transfer import to_host, upload
 from lyre.model import checkpoint, orpheus
 
 log = logging.getLogger("lyre.engine")
 
-BAND = orpheus.CODEBOOK_SIZE  # ids per frame slot
-CONSTRAINED_COLS = BAND + 1  # the slot's 4096 codes, then end-of-speech
 
 
 @dataclass(frozen=True)
@@ -93,37 +91,6 @@ class TorchEngineConfig:
 # per-request state
 
 
-@dataclass(eq=False)
-class Sequence:
-    """The engine's state of one admitted request (owned by the engine thread)."""
-
-    request: GenerationRequest
-    order: int  # admission order: the default decode order and the prefill tie-break
-    generator: torch.Generator
-    slot: int = -1
-    num_cached: int = 0  # tokens whose K/V are in the slot
-    num_generated: int = 0
-    audio_k: int | None = None  # index of the next audio token; None before start-of-speech
-    next_input: int = -1  # token to feed at the next decode step
-    cancelled: bool = False
-    prefix_kept: bool = False  # its prefix is in the prefix cache (found there, or put there)
-    generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.sampling
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.request.prompt_ids)
-
-    @property
-    def prefilling(self) -> bool:
-        return self.num_cached < self.prompt_len
-
-    @property
-    def constrained(self) -> bool:
-        return self.params.constrain_audio and self.audio_k is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -143,9 +110,7 @@ class TorchEngine:
             config.slots, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.max_seq_len,
             self.cache.k.element_size(), self.cache.nbytes / 2**30,
         )
-        self._free_slots = list(range(config.slots))  # a heap: lowest slot first
-        self._active: dict[int, Sequence] = {}  # slot -> sequence
-        self._by_id: dict[str, Sequence] = {}  # request id -> sequence, every one holding a slot
+        self.slots = SlotPool(config.slots)
         self._order = itertools.count()
         self.total_requests = self.total_tokens = self.total_steps = 0
         self.prompt_tokens = self.prefilled_tokens = 0
@@ -165,7 +130,7 @@ class TorchEngine:
         """Put ``request`` into the lowest free slot (its prefill starts at the next step) and return
         True; return False, keeping nothing, when every slot is held. Raises ValueError for a
         request that can never run (bad ids, prompt too long, duplicate id, bad sampling values)."""
-        check_prompt(request, self.model.cfg.vocab_size, self._by_id)
+        check_prompt(request, self.model.cfg.vocab_size, self.slots.by_id)
         ids = request.prompt_ids
         if len(ids) >= self.cfg.max_seq_len:
             raise ValueError(
@@ -173,18 +138,16 @@ class TorchEngine:
                 f"leaving no room to generate"
             )
         request.sampling.validate()
-        if not self._free_slots:
+        if not self.slots.free:
             return False
         seed = request.sampling.seed
         generator = torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63))
-        seq = Sequence(request=request, order=next(self._order), generator=generator,
-                       slot=heapq.heappop(self._free_slots))
+        seq = Sequence(request=request, order=next(self._order), generator=generator)
+        self.slots.admit(seq)
         if ids[-1] == orpheus.START_OF_SPEECH:
             seq.audio_k = 0
         self._reuse_prefix(seq)
         self.prompt_tokens += len(ids)
-        self._by_id[request.request_id] = seq
-        self._active[seq.slot] = seq
         self.total_requests += 1
         return True
 
@@ -222,19 +185,19 @@ class TorchEngine:
 
     def cancel(self, request_id: str) -> None:
         """End a request; its slot is free at the next step. Unknown ids are ignored."""
-        seq = self._by_id.get(request_id)
+        seq = self.slots.by_id.get(request_id)
         if seq is not None:
             seq.cancelled = True
 
     def has_work(self) -> bool:
-        return bool(self._by_id)
+        return bool(self.slots.by_id)
 
     def stats(self) -> EngineStats:
         return EngineStats(
             capacity=self.capacity,
-            active=len(self._active),
+            active=len(self.slots.by_slot),
             waiting=0,  # no queue: add() refuses when every slot is held
-            prefilling=sum(s.prefilling for s in self._active.values()),
+            prefilling=sum(s.prefilling for s in self.slots.by_slot.values()),
             total_requests=self.total_requests,
             total_tokens=self.total_tokens,
             total_steps=self.total_steps,
@@ -298,7 +261,7 @@ class TorchEngine:
     # --- schedule -------------------------------------------------------------------------------
 
     def _reap_cancelled(self) -> list[TokenDelta]:
-        return [self._finish(s, "cancelled") for s in list(self._active.values()) if s.cancelled]
+        return [self._finish(s, "cancelled") for s in list(self.slots.by_slot.values()) if s.cancelled]
 
     def _schedule(
         self, order: collections.abc.Sequence[str] | None
@@ -306,14 +269,14 @@ class TorchEngine:
         """The decoding sequences (the first ``max_batch_size`` ready ones of ``order``), and
         (sequence, chunk length) prompt chunks."""
         if order is None:
-            candidates = sorted(self._active.values(), key=lambda s: s.order)
+            candidates = sorted(self.slots.by_slot.values(), key=lambda s: s.order)
         else:
-            candidates = [self._by_id[rid] for rid in dict.fromkeys(order) if rid in self._by_id]
+            candidates = [self.slots.by_id[rid] for rid in dict.fromkeys(order) if rid in self.slots.by_id]
         decode = [s for s in candidates if not s.prefilling][: self.cfg.max_batch_size]
         budget = self.cfg.max_prefill_tokens
         prefill = []
         waiting_prompts = sorted(
-            (s for s in self._active.values() if s.prefilling), key=lambda s: (-s.request.priority, s.order)
+            (s for s in self.slots.by_slot.values() if s.prefilling), key=lambda s: (-s.request.priority, s.order)
         )
         for seq in waiting_prompts:
             if budget <= 0:
@@ -360,7 +323,7 @@ class TorchEngine:
             h = hidden[upload(rows, self.device)]
             if is_constrained:
                 frame_slots = [s.audio_k % orpheus.FRAME_TOKENS for s in group]
-                logits = self._constrained_logits(frame_slots, h)  # (n, 4097)
+                logits = constrained_logits(self.model, frame_slots, h)  # (n, 4097)
                 first_ids = [orpheus.AUDIO_TOKEN_OFFSET + slot * BAND for slot in frame_slots]  # id of column 0
             else:
                 logits = self.model.logits(h)  # (n, V)
@@ -369,7 +332,7 @@ class TorchEngine:
             for j, (i, s) in enumerate(zip(rows, group, strict=True)):
                 if s.request.record_logits:
                     logits_out[i] = logits[j].clone()
-                    ids_out[i] = self._col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
+                    ids_out[i] = col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
                                                is_constrained)
         chosen = to_host(torch.cat([d.cols for *_, d in parts]))  # the step's one read-back
         tokens: list[int] = [0] * len(seqs)
@@ -381,32 +344,11 @@ class TorchEngine:
                 tokens[i] = orpheus.END_OF_SPEECH if is_constrained and col == BAND else first + col
         return tokens, logits_out, ids_out
 
-    def _constrained_logits(self, frame_slots: list[int], hidden: torch.Tensor) -> torch.Tensor:
-        """(n, 4097) logits: the 4096 codes of each row's frame slot (only those rows of lm_head
-        are computed), then end-of-speech, masked to -inf except at frame boundaries."""
-        logits = torch.empty(len(frame_slots), CONSTRAINED_COLS, device=self.device)
-        for slot in sorted(set(frame_slots)):
-            rows = upload([r for r, s in enumerate(frame_slots) if s == slot], self.device)
-            logits[rows, :BAND] = self.model.logits(hidden[rows], orpheus.AUDIO_TOKEN_OFFSET + slot * BAND, BAND)
-        eos = self.model.logits_of(hidden, orpheus.END_OF_SPEECH)  # (n,)
-        mid_frame = upload([s != 0 for s in frame_slots], self.device, torch.bool)
-        logits[:, BAND] = eos.masked_fill(mid_frame, float("-inf"))
-        return logits
-
-    @staticmethod
-    def _col_ids(cols: torch.Tensor, first_id: int, constrained: bool) -> torch.Tensor:
-        """Token ids of logits columns ``cols``: ``first_id + col``, and end-of-speech for the
-        last column of constrained rows."""
-        ids = first_id + cols
-        if constrained:
-            ids = torch.where(cols == BAND, orpheus.END_OF_SPEECH, ids)
-        return ids
-
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor, first_ids: list[int], constrained: bool) -> Draw:
         """Chosen column per row, on the device: repetition penalty, min_tokens, then temperature /
         top-k / top-p sampling. Decided from host values only: nothing is read back here."""
         penalty = upload([s.params.repetition_penalty for s in seqs], self.device, torch.float32)
-        logits = apply_repetition_penalty(logits, self._history_cols(seqs, first_ids, constrained), penalty)
+        logits = apply_repetition_penalty(logits, history_cols(seqs, first_ids, constrained, self.device), penalty)
         early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]
         if early:  # min_tokens: no stop id yet
             cells = [(j, col) for j in early
@@ -421,22 +363,6 @@ class TorchEngine:
             generators=[s.generator for s in seqs],
         )
         return draw(logits, params)
-
-    def _history_cols(self, seqs: list[Sequence], first_ids: list[int], constrained: bool) -> torch.Tensor:
-        """(n, W) logits column of each recently generated token of each row; -1 where it has none."""
-        width = max(len(s.generated_window) for s in seqs)
-        if width == 0:
-            return torch.empty(len(seqs), 0, dtype=torch.long, device=self.device)
-
-        def col(token: int, first: int) -> int:
-            if not constrained:
-                return token
-            if token == orpheus.END_OF_SPEECH:
-                return BAND
-            return token - first if 0 <= token - first < BAND else -1
-
-        return upload([[col(t, first) for t in s.generated_window] + [-1] * (width - len(s.generated_window))
-                       for s, first in zip(seqs, first_ids, strict=True)], self.device)
 
     # --- postprocess ----------------------------------------------------------------------------
 
@@ -464,18 +390,11 @@ class TorchEngine:
             if lg is not None:
                 delta.logits, delta.logits_ids = lg[None], ids[None]
             if reason is not None:
-                self._release(s)
+                self.slots.release(s)
                 delta.finished, delta.finish_reason = True, reason
             deltas.append(delta)
         return deltas
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> TokenDelta:
-        self._release(seq)
+        self.slots.release(seq)
         return TokenDelta(seq.request.request_id, [], finished=True, finish_reason=reason, error=error)
-
-    def _release(self, seq: Sequence) -> None:
-        self._by_id.pop(seq.request.request_id, None)
-        if seq.slot >= 0 and self._active.get(seq.slot) is seq:
-            del self._active[seq.slot]
-            heapq.heappush(self._free_slots, seq.slot)
-        seq.slot = -1

@@ -1,0 +1,75 @@
+"""The engine's state of one admitted request (its slot, how much of it is cached, where it is in
+its audio frames, its random generator and its recent tokens), and the pool of KV slots the
+requests hold. Both are owned by the engine thread."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from lyre.engine.base import GenerationRequest, SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    """The engine's state of one admitted request (owned by the engine thread)."""
+
+    request: GenerationRequest
+    order: int  # admission order: the default decode order and the prefill tie-break
+    generator: torch.Generator
+    slot: int = -1
+    num_cached: int = 0  # tokens whose K/V are in the slot
+    num_generated: int = 0
+    audio_k: int | None = None  # index of the next audio token; None before start-of-speech
+    next_input: int = -1  # token to feed at the next decode step
+    cancelled: bool = False
+    prefix_kept: bool = False  # its prefix is in the prefix cache (found there, or put there)
+    generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.sampling
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_cached < self.prompt_len
+
+    @property
+    def constrained(self) -> bool:
+        return self.params.constrain_audio and self.audio_k is not None
+
+
+class SlotPool:
+    """The KV cache's slots and the sequences holding them: the lowest free slot is handed out first,
+    and a sequence holds its slot from admission until it finishes (the pool alone hands slots out
+    and takes them back)."""
+
+    def __init__(self, slots: int):
+        self._free = list(range(slots))  # a heap: lowest slot first
+        self.by_slot: dict[int, Sequence] = {}
+        self.by_id: dict[str, Sequence] = {}  # request id -> sequence, every one holding a slot
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def admit(self, seq: Sequence) -> None:
+        """Give ``seq`` the lowest free slot (the caller has checked that one is free)."""
+        seq.slot = heapq.heappop(self._free)
+        self.by_slot[seq.slot] = seq
+        self.by_id[seq.request.request_id] = seq
+
+    def release(self, seq: Sequence) -> None:
+        """Take ``seq``'s slot back (once: a sequence already released is left as it is)."""
+        self.by_id.pop(seq.request.request_id, None)
+        if seq.slot >= 0 and self.by_slot.get(seq.slot) is seq:
+            del self.by_slot[seq.slot]
+            heapq.heappush(self._free, seq.slot)
+        seq.slot = -1
