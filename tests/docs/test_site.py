@@ -1,0 +1,160 @@
+"""The docs: the mkdocs site builds in strict mode, every page is in its nav, and the README keeps
+the two set-up commands and links that resolve."""
+
+from __future__ import annotations
+
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
+MKDOCS_YML = REPO / "mkdocs.yml"
+README = REPO / "README.md"
+
+SERVE_COMMAND = "./setup.sh && .venv/bin/python production_server.py --config config/model_config.yaml --port 8000"
+TEST_COMMAND = "./setup.sh --with-test-services && .venv/bin/python -m pytest"
+SLOW_COMMAND = ".venv/bin/python -m pytest -m slow"
+
+# [text](target): inline links; images and reference-style links are not used in these files.
+LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+HEADING = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$", re.M)
+
+
+def _mkdocs_config() -> dict:
+    # mkdocs.yml may use !ENV and python tags; plain yaml is enough for what is read here.
+    return yaml.load(MKDOCS_YML.read_text(), Loader=yaml.BaseLoader)
+
+
+def _nav_pages(nav) -> list[str]:
+    pages: list[str] = []
+    for item in nav:
+        value = next(iter(item.values())) if isinstance(item, dict) else item
+        if isinstance(value, list):
+            pages += _nav_pages(value)
+        else:
+            pages.append(value)
+    return pages
+
+
+def _links(markdown: str) -> list[str]:
+    return LINK.findall(FENCE.sub("", markdown))
+
+
+def _anchors(page: Path) -> set[str]:
+    """The ids mkdocs gives the page's headings (python-markdown's toc slugify, deduplicated)."""
+    from markdown.extensions.toc import slugify, unique
+
+    text = FENCE.sub("", page.read_text())
+    ids: set[str] = set()
+    for _, title in HEADING.findall(text):
+        plain = re.sub(r"`([^`]*)`", r"\1", title)             # code spans: their text
+        plain = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", plain)  # links: their text
+        plain = re.sub(r"[*_]{1,2}([^*_]+)[*_]{1,2}", r"\1", plain)
+        ids.add(unique(slugify(plain, "-"), ids))
+    return ids
+
+
+def test_site_builds_in_strict_mode(tmp_path):
+    """A broken link, a missing anchor or a page left out of the nav fails the build."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict",
+         "--config-file", str(MKDOCS_YML), "--site-dir", str(tmp_path / "site")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_config_is_strict_with_link_validation():
+    config = _mkdocs_config()
+    assert config.get("strict") == "true"
+    assert config.get("docs_dir", "docs") == "docs"
+    validation = config.get("validation", {})
+    for key in ("omitted_files", "absolute_links", "unrecognized_links", "anchors"):
+        assert validation.get(key) == "warn", f"validation.{key} must be 'warn' (strict turns it into an error)"
+
+
+def test_every_page_is_in_the_nav():
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    nav = _nav_pages(_mkdocs_config()["nav"])
+    assert pages, "docs/ holds no pages"
+    missing = sorted(pages - set(nav))
+    assert not missing, f"pages under docs/ not in the nav of mkdocs.yml: {missing}"
+    dangling = sorted(set(nav) - pages)
+    assert not dangling, f"nav entries with no page under docs/: {dangling}"
+
+
+def test_readme_is_short_and_holds_the_commands():
+    text = README.read_text()
+    assert SERVE_COMMAND in text
+    assert TEST_COMMAND in text
+    assert SLOW_COMMAND in text and "-m slow" in text
+    lines = len(text.splitlines())
+    assert lines < 200, f"README.md has {lines} lines: move the detail into docs/"
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README names a file that exists, and every #anchor into a docs
+    page (or into the README itself) names a heading there."""
+    problems = []
+    for target in _links(README.read_text()):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        file = (README.parent / path).resolve() if path else README
+        if not file.exists():
+            problems.append(f"{target}: {file.relative_to(REPO) if file.is_relative_to(REPO) else file} does not exist")
+            continue
+        if anchor and file.suffix == ".md" and anchor not in _anchors(file):
+            problems.append(f"{target}: no heading with the anchor #{anchor} in {file.relative_to(REPO)}")
+    assert not problems, "broken links in README.md:\n" + "\n".join(problems)
+
+
+# Paths the docs name as code (`deploy/compose/haproxy.cfg`, `benchmark.py`, `tests/support/`): the
+# repository's own files, which mkdocs cannot check because they are not links. (`src/lyre/v1/` is
+# generated by setup.sh.)
+NAMED_PATH = re.compile(
+    r"`((?:config|deploy|docker|protos|src|tests)/[\w./-]*[\w/]|"
+    r"(?:production_server|client|benchmark|build_engine)\.py|setup\.sh|mkdocs\.yml)`"
+)
+# Python names the docs give (`lyre.service.options.SamplingOptions`, `lyre.TTSService`): each must be
+# a module or an attribute of one. (`lyre.v1` names the gRPC package of the .proto, generated.)
+NAMED_OBJECT = re.compile(r"`(lyre(?:\.\w+)+)`")
+
+
+@pytest.mark.parametrize("page", sorted(p.relative_to(REPO).as_posix() for p in DOCS.rglob("*.md")) + ["README.md"])
+def test_paths_named_in_the_docs_exist(page):
+    text = FENCE.sub("", (REPO / page).read_text())
+    missing = sorted({name for name in NAMED_PATH.findall(text) if not (REPO / name).exists()})
+    assert not missing, f"{page} names paths that do not exist: {missing}"
+
+
+def _resolves(dotted: str) -> bool:
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[i:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+@pytest.mark.parametrize("page", sorted(p.relative_to(REPO).as_posix() for p in DOCS.rglob("*.md")) + ["README.md"])
+def test_python_names_in_the_docs_exist(page):
+    text = FENCE.sub("", (REPO / page).read_text())
+    names = {n for n in NAMED_OBJECT.findall(text) if not n.startswith("lyre.v1")}
+    missing = sorted(n for n in names if not _resolves(n))
+    assert not missing, f"{page} names Python modules or objects that do not exist: {missing}"
