@@ -1,4 +1,8 @@
-"""The library service on the demo checkpoint, and a look at its engine thread's state."""
+"""The library service on the demo checkpoint, and a look at its engine thread's state.
+
+Every service the tests start shares :data:`SHARED`: the demo's tokenizer, SNAC and codec graphs
+are loaded and warmed up once per run (each service still has its own engine, KV cache, codec
+streams, database and engine thread)."""
 
 from __future__ import annotations
 
@@ -6,13 +10,13 @@ import asyncio
 import tempfile
 
 from lyre.model import orpheus
+from lyre.service import runtime
 from lyre.service.tts import TTSService
 from tests.support.paths import CONFIG_PATH, REPO_ROOT
 
 F = orpheus.SAMPLES_PER_FRAME
-
-
 DEMO = str(REPO_ROOT / "models" / "demo")
+SHARED = runtime.Shared()
 
 
 def service(**overrides) -> TTSService:
@@ -22,7 +26,7 @@ def service(**overrides) -> TTSService:
             "data_dir": tempfile.mkdtemp(prefix="lyre-data-")}  # its own voices database
     merged = {**base, **overrides}
     merged.setdefault("sampling.min_tokens", merged["sampling.max_tokens"])
-    return TTSService.from_config(CONFIG_PATH, **merged)
+    return TTSService.from_config(CONFIG_PATH, shared=SHARED, **merged)
 
 
 async def engine_state(tts: TTSService) -> dict:

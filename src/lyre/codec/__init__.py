@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from lyre.codec import onnx
 from lyre.codec.base import CodecCounters, StreamSettings
 from lyre.codec.noise import configure_noise
+from lyre.codec.onnx import RUNNERS, OnnxUnavailable
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac, StreamingUnsupported, fold_weight_norm
 from lyre.codec.window import WindowCodec
+from lyre.config import CodecConfig
 from lyre.model import orpheus
 
-if TYPE_CHECKING:
-    from lyre.config import CodecConfig
-
-__all__ = ["CodecError", "StreamCodec", "StreamSettings", "WindowCodec", "build_codec", "configure_noise", "resolve_runtime",
-           "warm_up"]
+__all__ = ["CodecError", "CodecGraphs", "StreamCodec", "StreamSettings", "WindowCodec", "build_codec", "configure_noise",
+           "load_graphs", "resolve_runtime", "warm_up"]
 
 log = logging.getLogger("lyre.codec")
 
@@ -47,8 +48,6 @@ AUTO_CPU_RUNTIMES = ("onnxruntime",)  # what codec.runtime auto picks on CPU whe
 def resolve_runtime(requested: str, device: str) -> str:
     """``codec.runtime`` for stream mode on ``device``: auto = the fastest installed CPU runtime on CPU,
     torch elsewhere."""
-    from lyre.codec import onnx
-
     if requested in onnx.RUNNERS:
         if device != "cpu":
             raise CodecError(f"codec.runtime {requested} runs on the CPU only; codec.device is {device}: use torch")
@@ -60,30 +59,53 @@ def resolve_runtime(requested: str, device: str) -> str:
     return "torch"
 
 
-def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: torch.dtype,
-                threads: int = 0) -> StreamCodec | WindowCodec:
-    """The codec ``cfg`` asks for over ``snac`` (loaded, its noise configured); ``threads`` for a CPU
+@dataclass(frozen=True)
+class CodecGraphs:
+    """What a codec runs, built once from a loaded SNAC and shareable by several codecs (it holds no
+    stream's state): the decoder (streaming, or with its weight norm folded for window mode) and,
+    for a CPU runtime, its exported graphs opened."""
+
+    mode: str
+    model: torch.nn.Module
+    runtime: str = "torch"
+    runner: Any = None  # the stream graph's runner (a CPU runtime), else the torch module runs
+    offline: Any = None  # the offline graph's runner, for warm-up decodes of a whole window
+
+    def describe(self, threads: int) -> str:
+        return f"{self.runtime}, {threads or 'all'} threads" if self.runner else self.runtime
+
+
+def load_graphs(cfg: CodecConfig, snac: torch.nn.Module, device: str, threads: int = 0) -> CodecGraphs:
+    """The decoder ``cfg`` asks for over ``snac`` (loaded, its noise configured); ``threads`` for a CPU
     runtime (0: every core). SNAC's weight norm is folded once (the same weights, no longer
     recomputed on every call)."""
     if cfg.mode == "window":
-        return WindowCodec(fold_weight_norm(snac), device, dtype)
+        return CodecGraphs("window", fold_weight_norm(snac))
     try:
         model = StreamingSnac(snac).eval()
     except StreamingUnsupported as e:
         raise CodecError(str(e)) from None
     runtime = resolve_runtime(cfg.runtime, device)
-    runner = offline = None
-    if runtime != "torch":
-        from lyre.codec.onnx import RUNNERS, OnnxUnavailable
+    if runtime == "torch":
+        return CodecGraphs("stream", model)
+    try:
+        runner, offline = (RUNNERS[runtime](model, cfg.onnx_dir, kind, threads) for kind in ("stream", "offline"))
+    except OnnxUnavailable as e:
+        raise CodecError(f"codec.runtime {runtime}: {e}") from None
+    return CodecGraphs("stream", model, runtime, runner, offline)
 
-        try:
-            runner, offline = (RUNNERS[runtime](model, cfg.onnx_dir, kind, threads) for kind in ("stream", "offline"))
-        except OnnxUnavailable as e:
-            raise CodecError(f"codec.runtime {runtime}: {e}") from None
-    codec = StreamCodec(model, runner, runtime, device, dtype, noise_seed=cfg.noise_seed, offline=offline)
-    log.info("codec: stream mode on %s (%s%s); exact audio trails the newest frame by %d samples; "
-             "decoder state %.2f MB per stream", device, runtime, f", {threads or 'all'} threads" if runner else "", model.lag,
-             model.state_bytes / 1e6)
+
+def build_codec(cfg: CodecConfig, snac: torch.nn.Module, device: str, dtype: torch.dtype, threads: int = 0,
+                graphs: CodecGraphs | None = None) -> StreamCodec | WindowCodec:
+    """The codec ``cfg`` asks for over ``snac`` (see :func:`load_graphs`), or over ``graphs`` loaded before."""
+    graphs = graphs if graphs is not None else load_graphs(cfg, snac, device, threads)
+    if graphs.mode == "window":
+        return WindowCodec(graphs.model, device, dtype)
+    model = graphs.model
+    codec = StreamCodec(model, graphs.runner, graphs.runtime, device, dtype, noise_seed=cfg.noise_seed,
+                        offline=graphs.offline)
+    log.info("codec: stream mode on %s (%s); exact audio trails the newest frame by %d samples; "
+             "decoder state %.2f MB per stream", device, graphs.describe(threads), model.lag, model.state_bytes / 1e6)
     return codec
 
 

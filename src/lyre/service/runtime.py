@@ -4,12 +4,18 @@ tokenizer, the token engine, the codec, and the engine thread that runs the sche
 :func:`start` builds it in order (blocking; the service runs it in a worker thread): a database that
 cannot be opened stops the start at once, before any model is loaded; the engine and the codec share
 the CPU by :func:`cpu_split`; the codec is warmed up before the first caller comes.
+
+Several services in one process may share what does not change once loaded (:class:`Shared`: a
+checkpoint's tokenizer, SNAC and its codec graphs, warmed up), each keyed by everything that shapes
+it; each service still has its own engine, KV cache, codec streams and engine thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +23,18 @@ from typing import Any
 import torch
 from sqlalchemy.engine import Engine as Database
 
-from lyre.codec import CodecError, StreamSettings, build_codec, configure_noise, resolve_runtime, warm_up
+from lyre.codec import (
+    CodecError,
+    CodecGraphs,
+    StreamCodec,
+    StreamSettings,
+    WindowCodec,
+    build_codec,
+    configure_noise,
+    load_graphs,
+    resolve_runtime,
+    warm_up,
+)
 from lyre.config import LyreConfig
 from lyre.core.admission import AdmissionGate
 from lyre.core.engine_loop import EngineLoop
@@ -47,6 +64,22 @@ log = logging.getLogger("lyre.service")
 SEGMENT_PROMPT_TOKENS = 160  # room a segment's own prompt needs beside a reference turn (~280 characters)
 
 
+class Shared:
+    """Loaded parts several services in one process may share (read-only once loaded), by key. A
+    service given none loads its own."""
+
+    def __init__(self) -> None:
+        self._parts: dict[tuple, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, load: Callable[[], Any]) -> Any:
+        """The part under ``key``, loaded by ``load()`` the first time (one load at a time)."""
+        with self._lock:
+            if key not in self._parts:
+                self._parts[key] = load()
+            return self._parts[key]
+
+
 @dataclass
 class Runtime:
     backend: BackendChoice
@@ -65,29 +98,23 @@ class CpuSplit:
     overlap: bool  # the codec decodes on its own thread while the engine steps
 
 
-def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices) -> Runtime:
+def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices, shared: Shared | None = None
+          ) -> Runtime:
     """Build and start everything ``cfg`` asks for; ``voices`` is opened on the database and given
     what enrollment encodes with. Raises LyreError (or CheckpointError, DatabaseError) naming what
     cannot run."""
+    shared = shared if shared is not None else Shared()
     choice, env = choose_backend(cfg)
     database = open_database(cfg.voices.database_url or default_url(cfg.data_dir))  # first: fails fast
     voices.open(database)
     audit = AuditTrail(database, cfg.audit)
     model = checkpoint.resolve_model(cfg.model, cfg.codec)
-    tokenizer = checkpoint.load_tokenizer(model.llama_dir)
-    engine, device, description = build_engine(cfg, choice, env, model)
-    codec_device = cfg.codec.device if cfg.codec.device != "auto" else device
-    codec_dtype = torch.float16 if (cfg.codec.fp16 and codec_device == "cuda") else torch.float32
-    snac = configure_noise(checkpoint.load_snac(model.snac_dir, codec_device, codec_dtype), cfg.codec.noise,
-                           cfg.codec.noise_seed)
+    tokenizer = shared.get(("tokenizer", model.llama_dir), lambda: checkpoint.load_tokenizer(model.llama_dir))
+    engine, engine_device, description = build_engine(cfg, choice, env, model)
+    device = cfg.codec.device if cfg.codec.device != "auto" else engine_device
+    split, settings = cpu_split(cfg, device), stream_settings(cfg)
+    codec, snac = _codec(cfg, model, device, split.codec_threads, settings, shared)
     voices.attach(snac, tokenizer, model.snac_dir, model.source, reference_room(cfg, choice))
-    split = cpu_split(cfg, codec_device)
-    try:
-        codec = build_codec(cfg.codec, snac, codec_device, codec_dtype, split.codec_threads)
-    except CodecError as e:
-        raise LyreError(str(e)) from None
-    settings = stream_settings(cfg)
-    warm_up(codec, settings)  # the first caller does not pay the codec's first runs
     audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, metrics, split.overlap,
                           cfg.scheduler.first_chunk)
     scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics)
@@ -96,6 +123,28 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     log.info("engine: %s; %s; model %s%s", description, choice.reason, model.source,
              " — DEMO, audio is noise" if model.is_demo else "")
     return Runtime(choice, database, audit, model, tokenizer, scheduler, loop)
+
+
+def _codec(cfg: LyreConfig, model: checkpoint.ResolvedModel, device: str, threads: int, settings: StreamSettings,
+           shared: Shared) -> tuple[StreamCodec | WindowCodec, Any]:
+    """The codec on ``device`` (and the SNAC it decodes with, which enrollment encodes with): SNAC and
+    its graphs loaded and warmed up once per ``shared``, the codec's stream state its own."""
+    c = cfg.codec
+    dtype = torch.float16 if (c.fp16 and device == "cuda") else torch.float32
+    key = ("codec", model.snac_dir, device, dtype, c.noise, c.noise_seed, c.mode, c.runtime, c.onnx_dir, threads)
+
+    def load() -> tuple[Any, CodecGraphs]:
+        snac = configure_noise(checkpoint.load_snac(model.snac_dir, device, dtype), c.noise, c.noise_seed)
+        try:
+            return snac, load_graphs(c, snac, device, threads)
+        except CodecError as e:
+            raise LyreError(str(e)) from None
+
+    snac, graphs = shared.get(key, load)
+    codec = build_codec(c, snac, device, dtype, threads, graphs)
+    # the first caller does not pay the codec's first runs (once per graphs and chunk sizes)
+    shared.get(("warm", key, settings), lambda: warm_up(codec, settings))
+    return codec, snac
 
 
 def choose_backend(cfg: LyreConfig) -> tuple[BackendChoice, Environment]:

@@ -58,8 +58,9 @@ log = logging.getLogger("lyre.service")
 
 
 class TTSService:
-    def __init__(self, config: LyreConfig):
+    def __init__(self, config: LyreConfig, shared: runtime.Shared | None = None):
         self.config = config
+        self.shared = shared  # loaded parts shared with other services in this process (runtime.Shared)
         self.metrics = Metrics()
         self.gate = AdmissionGate(config.scheduler.max_concurrent_sessions, config.scheduler.max_pending)
         self._ids = itertools.count()
@@ -78,18 +79,20 @@ class TTSService:
             log.warning("watermark.key is the published default: set your own so that only you can detect the mark")
 
     @classmethod
-    def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, **overrides: Any) -> TTSService:
+    def from_config(cls, path_or_config: str | Path | LyreConfig | None = None, *, shared: runtime.Shared | None = None,
+                    **overrides: Any) -> TTSService:
         """``overrides`` are dotted keys, e.g. ``**{"scheduler.max_batch_size": 8}`` or
-        ``scheduler__max_batch_size=8``."""
+        ``scheduler__max_batch_size=8``; ``shared``: loaded parts to share with other services of
+        this process (:class:`lyre.service.runtime.Shared`)."""
         dotted = {k.replace("__", "."): v for k, v in overrides.items()}
         if isinstance(path_or_config, LyreConfig):
-            return cls(apply_overrides(path_or_config, dotted))
-        return cls(load_config(path_or_config, dotted))
+            return cls(apply_overrides(path_or_config, dotted), shared)
+        return cls(load_config(path_or_config, dotted), shared)
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     async def __aenter__(self) -> TTSService:
-        rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices)
+        rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices, self.shared)
         self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
         self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
         self.voices.on_delete.append(self._forget_voice)
