@@ -3,11 +3,22 @@ level, per replica behind a balancer, and the search for the most users that mee
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from dataclasses import asdict, dataclass
+from typing import Any
 
-if TYPE_CHECKING:
-    from lyre.benchmarks.load import RequestResult
+
+@dataclass
+class RequestResult:
+    ok: bool
+    ttfb_ms: float | None = None
+    audio_s: float = 0.0
+    wall_s: float = 0.0
+    underruns: int | None = 0  # None: not measured (an encoded format)
+    error: str | None = None
+
+    @property
+    def rtf(self) -> float | None:
+        return self.wall_s / self.audio_s if self.audio_s else None
 
 
 def percentile(values: list[float], q: float) -> float | None:

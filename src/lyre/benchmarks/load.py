@@ -16,11 +16,10 @@ import json
 import random
 import time
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lyre.benchmarks.figures import combined, per_replica, summarize
+from lyre.benchmarks.figures import RequestResult, combined, per_replica, summarize
 from lyre.model.sample_texts import TEXT_SETS
 
 SAMPLE_RATE = 24000
@@ -39,18 +38,6 @@ def load_texts(name_or_file: str) -> list[str]:
     return texts
 
 
-@dataclass
-class RequestResult:
-    ok: bool
-    ttfb_ms: float | None = None
-    audio_s: float = 0.0
-    wall_s: float = 0.0
-    underruns: int | None = 0  # None: not measured (an encoded format)
-    error: str | None = None
-
-    @property
-    def rtf(self) -> float | None:
-        return self.wall_s / self.audio_s if self.audio_s else None
 
 
 class Player:
