@@ -142,7 +142,7 @@ def test_random_cancels_and_disconnects_leave_every_slot_free():
 
     async def go():
         rng = random.Random(0)
-        async with service(**{"sampling.max_tokens": 14, "scheduler.max_pending": 256}) as tts:
+        async with service(**{"sampling.max_tokens": 14, "scheduler.max_pending": 64}) as tts:
             async def client(i):
                 stream = tts.stream(f"caller {i}", seed=i)
                 mode = rng.choice(["read", "break", "cancel", "abandon"])
@@ -157,7 +157,7 @@ def test_random_cancels_and_disconnects_leave_every_slot_free():
                 finally:
                     await stream.aclose()
 
-            modes = await asyncio.gather(*[client(i) for i in range(200)])
+            modes = await asyncio.gather(*[client(i) for i in range(64)])  # 8 times the slots: queued ones too
             state = await engine_state(tts)
             return modes, state
 
