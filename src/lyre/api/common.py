@@ -4,11 +4,12 @@ the event loop, and how requests appear in logs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ipaddress
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -192,15 +193,20 @@ class InFlight:
     def count(self) -> int:
         return len(self._tasks)
 
-    def __enter__(self) -> InFlight:
-        self._tasks.add(asyncio.current_task())
+    @contextlib.contextmanager
+    def request(self) -> Iterator[None]:
+        """Count the current task in flight while the block runs. The task is the one that entered:
+        a streaming handler hung up while it waits to send is closed later, as an async generator,
+        in another task, and must still leave as the one it came in as."""
+        task = asyncio.current_task()
+        self._tasks.add(task)
         self._idle.clear()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._tasks.discard(asyncio.current_task())
-        if not self._tasks:
-            self._idle.set()
+        try:
+            yield
+        finally:
+            self._tasks.discard(task)
+            if not self._tasks:
+                self._idle.set()
 
     def on_drain(self, callback: Callable[[], Any]) -> Callable[[], None]:
         """Call ``callback`` when draining starts (at once if it has); returns the unsubscriber."""

@@ -10,7 +10,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-from tests.support.servers import MAX_TOKENS, SECONDS, same_speech
+from tests.support.servers import HOLD_SETTINGS, MAX_TOKENS, SECONDS, HeldCall, same_speech, serve_in_process
+from tests.support.waiting import until
 
 
 def call(server, fn):
@@ -129,17 +130,23 @@ def test_client_cancel_and_deadline_free_the_slot(server):
     # seeded: this seed runs to all 800 tokens (an unseeded one may stop early and beat the deadline)
     long = tts_pb2.SynthesizeRequest(text="A long one.", sampling=tts_pb2.SamplingOptions(max_tokens=800, seed=1))
 
-    async def go(stub, _):
-        call_ = stub.SynthesizeStream(long)
-        async for _chunk in call_:
-            call_.cancel()  # the caller hangs up after the first audio
-            break
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            async for _chunk in stub.SynthesizeStream(long, timeout=0.5):
-                pass
-        return info.value.code()
+    async def go():
+        # (no BDP probing: the call's flow-control window stays at 64 kB, so a client that reads no
+        # more holds the stream by backpressure: it cannot end before its deadline, however fast)
+        async with grpc.aio.insecure_channel(server.grpc, options=[("grpc.http2.bdp_probe", 0)]) as channel:
+            stub = tts_pb2_grpc.TextToSpeechStub(channel)
+            call_ = stub.SynthesizeStream(long)
+            async for _chunk in call_:
+                call_.cancel()  # the caller hangs up after the first audio
+                break
+            late = stub.SynthesizeStream(long, timeout=0.5)
+            try:
+                await late.read()  # the first audio (or already the deadline), then it reads no more
+            except grpc.aio.AioRpcError as e:
+                return e.code()
+            return await late.code()  # how the call ended
 
-    assert call(server, go) == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert asyncio.run(go()) == grpc.StatusCode.DEADLINE_EXCEEDED
     assert server.eventually_idle()["kv_cache"]["free_slots"] == 8
 
 
@@ -148,3 +155,14 @@ def test_voice_aliases_work_over_grpc(server):
     speak = lambda voice: call(server, lambda stub, _: stub.Synthesize(  # noqa: E731
         tts_pb2.SynthesizeRequest(text="Hello", voice=voice, sampling=tts_pb2.SamplingOptions(seed=9)))).audio
     assert same_speech(speak("Nova"), speak("mia"))
+
+
+def test_a_call_hung_up_while_held_by_backpressure_leaves_nothing_in_flight():
+    with serve_in_process("server.drain_timeout_s=0", *HOLD_SETTINGS) as srv:  # (the drain counts, then cancels)
+        held = HeldCall(srv.grpc)
+        until(lambda: srv.stats()["scheduler"]["throttled_sessions"] == 1, what="backpressure to hold the call")
+        held.close()  # hung up while the server waits to send
+        srv.eventually_idle()  # its session ended, its slot is free
+        mark = srv.log_mark()
+        assert srv.stop() == 0
+        assert "draining 0 in-flight request(s)" in srv.log(since=mark)

@@ -69,7 +69,7 @@ class Servicer:
         except TooManyConnections as e:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
         try:
-            with self.inflight:
+            with self.inflight.request():
                 try:
                     yield account
                 except (LyreError, AudioFormatError) as e:

@@ -40,7 +40,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     voice = await service.voices.resolve(body.voice, account)
     stream = service.speak(text, voice, account=account, protocol="rest", **body.sampling())
     log.debug("speech: %s, %s", describe_text(text), fmt)
-    with request.app[INFLIGHT]:
+    with request.app[INFLIGHT].request():
         if fmt == "flac" and body.stream_format != "sse":
             return await _respond_whole(request, stream, fmt, body)
         return await _respond(request, stream, fmt, body)

@@ -65,7 +65,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False)
     await ws.prepare(request)
     socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT])
-    with request.app[INFLIGHT]:
+    with request.app[INFLIGHT].request():
         unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
         try:
             await socket.serve(cfg.ws_idle_timeout_s)
