@@ -13,7 +13,6 @@ from hypothesis import settings
 from lyre.config import load_config
 from lyre.model import checkpoint, demo
 from tests.support.paths import CONFIG_PATH, REPO_ROOT
-from tests.support.servers import start_server, stop_server
 
 # CI (CI=true) replays a fixed set of examples so a landing is reproducible; local runs keep exploring
 # new ones and store any failure in .hypothesis/ for the next run.
@@ -70,7 +69,10 @@ def database_url(request, tmp_path) -> str:
 
 @pytest.fixture(scope="session")
 def server(demo_dir):
-    """A real Lyre server with the test settings (tests.support.servers), shared by the whole run."""
-    s = start_server()
-    yield s
-    assert stop_server(s) == 0
+    """A real Lyre server with the test settings (tests.support.servers), shared by the whole run: in
+    this process (its listeners on free ports, an event loop of its own), stopped by the drain."""
+    from tests.support.servers import serve_in_process
+
+    with serve_in_process() as s:
+        yield s
+        assert s.stop() == 0

@@ -1,34 +1,34 @@
 """Every synthesis on every protocol leaves its audit row on the real server (read back with
-``python -m lyre.trust.audit export``)."""
+``lyre audit export``, called in-process: tests/trust/test_audit.py runs the command itself)."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import json
-import subprocess
-import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import grpc
 import websockets
 from openai import OpenAI
 from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
 
+from lyre import cli
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-from tests.support.paths import REPO_ROOT
+from tests.support.paths import CONFIG_PATH
+from tests.support.waiting import until
 
 
-def exported(server) -> list[dict]:
-    run = subprocess.run([sys.executable, "-m", "lyre", "audit", "export", "--set", f"data_dir={server.data_dir}",
-                          "--since", datetime.now(timezone.utc).date().isoformat(), "--format", "jsonl"],
-                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
-    assert run.returncode == 0, run.stderr
-    return [json.loads(line) for line in run.stdout.splitlines()]
+def exported(server, out: Path) -> list[dict]:
+    assert cli.main(["audit", "export", "--config", str(CONFIG_PATH), "--set", f"data_dir={server.data_dir}",
+                     "--since", datetime.now(timezone.utc).date().isoformat(), "--format", "jsonl",
+                     "--output", str(out)]) == 0
+    return [json.loads(line) for line in out.read_text().splitlines()]
 
 
-def test_one_row_per_synthesis_on_every_protocol(server):
+def test_one_row_per_synthesis_on_every_protocol(server, tmp_path):
     texts = {p: f"Audited over {p}, {time.time_ns()}." for p in ("rest", "ws", "grpc", "riva", "grpc-stream")}
     pcm = OpenAI(base_url=server.http + "/v1", api_key="unused").audio.speech.create(
         model="tts-1", voice="nova", input=texts["rest"], response_format="pcm").content
@@ -50,9 +50,12 @@ def test_one_row_per_synthesis_on_every_protocol(server):
         riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel).Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(
             text=texts["riva"], voice_name="English-US.Male-1", encoding=1, sample_rate_hz=16000))
     hashes = {hashlib.sha256(t.encode()).hexdigest(): p for p, t in texts.items()}
-    deadline = time.monotonic() + 60
-    while len(mine := [r for r in exported(server) if r["text_sha256"] in hashes]) < len(texts):  # written off-loop
-        assert time.monotonic() < deadline, mine
+
+    def these() -> list[dict]:  # (written off the event loop, as each synthesis ends)
+        rows = [r for r in exported(server, tmp_path / "audit.jsonl") if r["text_sha256"] in hashes]
+        return rows if len(rows) >= len(texts) else []
+
+    mine = until(these, what="an audit row for each synthesis")
     by = {hashes[r["text_sha256"]]: r for r in mine}
     assert len(mine) == len(texts)
     assert {p: (r["protocol"], r["voice"], r["outcome"]) for p, r in by.items()} == {

@@ -12,15 +12,16 @@ import pytest
 import websockets
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
-from tests.support.servers import start_server, stop_server
+from tests.support.servers import serve_in_process
+from tests.support.waiting import until_async
 from tests.support.ws import until_done, ws_url
 
 
 @pytest.fixture(scope="module")
 def strict_server(demo_dir):
-    s = start_server("server.ws_idle_timeout_s=0.5", "server.max_connections_per_client=2")
-    yield s
-    assert stop_server(s) == 0
+    with serve_in_process("server.ws_idle_timeout_s=0.5", "server.max_connections_per_client=2") as s:
+        yield s
+        assert s.stop() == 0
 
 
 def test_an_idle_socket_is_closed_but_a_speaking_one_is_not(strict_server):
@@ -52,12 +53,12 @@ def test_one_client_address_may_hold_only_so_many_connections(strict_server):
                 await tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(text="hi"))
         await sockets[0].close()
         async with aiohttp.ClientSession() as s:  # a place is free again (once the server saw the close)
-            while True:
+            async def admitted() -> tuple[int, int] | None:
                 async with s.post(strict_server.http + "/v1/audio/speech",
                                   json={"input": "hi", "response_format": "pcm"}) as r:
-                    if r.status != 429:
-                        after = (r.status, len(await r.read()))
-                        break
+                    return None if r.status == 429 else (r.status, len(await r.read()))
+
+            after = await until_async(admitted, what="a place freed by the closed socket")
         await sockets[1].close()
         return rest, info.value, after
 

@@ -16,7 +16,7 @@ from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
 from tests.support.audio_files import audio_file, speechlike
-from tests.support.servers import MAX_TOKENS, start_server, stop_server
+from tests.support.servers import MAX_TOKENS, serve_in_process
 from tests.support.voices import CONSENT, TRANSCRIPT
 
 ALICE, BOB = "key-alice-0123456789", "key-bob-9876543210"
@@ -25,10 +25,10 @@ PCM_BYTES = MAX_TOKENS // 7 * 2048 * 2
 
 @pytest.fixture(scope="module")
 def srv():
-    s = start_server(f"server.api_keys={{{ALICE}: alice, {BOB}: bob}}", "voices.max_upload_bytes=400000",
-                     "voices.max_per_account=3")
-    yield s
-    assert stop_server(s) == 0
+    with serve_in_process(f"server.api_keys={{{ALICE}: alice, {BOB}: bob}}", "voices.max_upload_bytes=400000",
+                          "voices.max_per_account=3") as s:
+        yield s
+        assert s.stop() == 0
 
 
 def auth(key: str) -> dict[str, str]:

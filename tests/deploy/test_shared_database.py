@@ -9,12 +9,10 @@ import requests
 import sqlalchemy as sa
 
 from tests.support.postgres import fresh_schema
-from tests.support.servers import NOT_SERVING, SERVING, HealthWatch, start_server, stop_server
+from tests.support.servers import NOT_SERVING, SERVING, HealthWatch, serve_in_process
 from tests.support.voices import enroll
 
 SPEECH = "/v1/audio/speech"
-
-
 
 
 def kept(srv) -> float:
@@ -24,8 +22,7 @@ def kept(srv) -> float:
 def test_two_replicas_share_voices_and_deletions_and_survive_database_restarts(postgres):
     url = fresh_schema(postgres.url)
     common = (f"voices.database_url={url}", "voices.sweep_s=0.2", "audit.required=false")
-    a, b = start_server(*common), start_server(*common)
-    try:
+    with serve_in_process(*common) as a, serve_in_process(*common) as b:  # two replicas (in-process here)
         r = enroll(a, "Shared")
         assert r.status_code == 201
         vid = r.json()["id"]
@@ -53,21 +50,16 @@ def test_two_replicas_share_voices_and_deletions_and_survive_database_restarts(p
                 assert ok.status_code == 200 and len(ok.content) > 0
         finally:
             postgres.start()
-        assert stop_server(a) == 0  # the rows kept while it was down are written once it is back (at the latest
+        assert a.stop() == 0  # the rows kept while it was down are written once it is back (at the latest
         engine = sa.create_engine(url)  # as it stops)
         with engine.connect() as c:
             assert c.execute(sa.text("select count(*) from audit where voice = 'tara'")).scalar() >= 2
         engine.dispose()
-    finally:
-        for srv in (a, b):
-            if srv.proc.poll() is None:
-                assert stop_server(srv) == 0
 
 
 def test_with_the_audit_required_a_database_down_refuses_synthesis_instead_of_losing_rows(postgres):
     url = fresh_schema(postgres.url)
-    srv = start_server(f"voices.database_url={url}")
-    try:
+    with serve_in_process(f"voices.database_url={url}") as srv:
         with HealthWatch(srv) as synthesis:
             postgres.stop()
             try:
@@ -85,5 +77,4 @@ def test_with_the_audit_required_a_database_down_refuses_synthesis_instead_of_lo
             synthesis.until(SERVING)  # the kept row written: accepted again
         back = requests.post(srv.http + SPEECH, json={"input": "Back.", "response_format": "pcm"}, timeout=60)
         assert back.status_code == 200
-    finally:
-        assert stop_server(srv) == 0
+        assert srv.stop() == 0

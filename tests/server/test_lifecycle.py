@@ -1,12 +1,17 @@
-"""client.py over each protocol; API-key auth; graceful shutdown that lets streams finish."""
+"""client.py over each protocol; API-key auth; graceful shutdown that lets streams finish, and cancels
+those that outlast server.drain_timeout_s; a bad config stops the start with a message. (Servers
+in-process, stopped by the drain SIGTERM begins; tests/server/test_drain.py sends the signal.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib.util
 import io
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 
 import aiohttp
 import grpc
@@ -15,21 +20,40 @@ import soundfile as sf
 
 from lyre.v1 import tts_pb2, tts_pb2_grpc
 from tests.support.paths import REPO_ROOT
-from tests.support.servers import SECONDS, free_port, start_server, stop_server
+from tests.support.servers import HOLD_SETTINGS, SECONDS, HeldCall, HeldStream, free_port, serve_in_process
 
 
-def client(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "client.py", *args], capture_output=True, text=True, cwd=REPO_ROOT,
-                          timeout=300)
+@dataclass
+class Run:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-@pytest.mark.parametrize("protocol, fmt, suffix", [("rest", "wav", "wav"), ("rest", "mp3", "mp3"),
-                                                    ("ws", "wav", "wav"), ("grpc", "wav", "wav"),
-                                                    ("grpc", "mulaw", "ulaw")])
-def test_client_saves_audio_and_reports_timing(server, tmp_path, protocol, fmt, suffix):
+def client(*args: str, process: bool = False) -> Run:
+    """client.py with ``args``: its main() called here (``process``: run as the script it is)."""
+    if process:
+        run = subprocess.run([sys.executable, "client.py", *args], capture_output=True, text=True, cwd=REPO_ROOT,
+                             timeout=300)
+        return Run(run.returncode, run.stdout, run.stderr)
+    spec = importlib.util.spec_from_file_location("lyre_client_script", REPO_ROOT / "client.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = script.main(list(args))
+    return Run(code, out.getvalue(), err.getvalue())
+
+
+@pytest.mark.parametrize("protocol, fmt, suffix, process", [
+    pytest.param("rest", "wav", "wav", True, id="rest-wav-script"),  # (once as the script itself)
+    pytest.param("rest", "mp3", "mp3", False, id="rest-mp3"), pytest.param("ws", "wav", "wav", False, id="ws-wav"),
+    pytest.param("grpc", "wav", "wav", False, id="grpc-wav"),
+    pytest.param("grpc", "mulaw", "ulaw", False, id="grpc-mulaw")])
+def test_client_saves_audio_and_reports_timing(server, tmp_path, protocol, fmt, suffix, process):
     out = tmp_path / f"test.{suffix}"
     url = server.grpc if protocol == "grpc" else server.http
-    run = client("--text", "Hello world", "--output", str(out), "--protocol", protocol, "--url", url)
+    run = client("--text", "Hello world", "--output", str(out), "--protocol", protocol, "--url", url, process=process)
     assert run.returncode == 0, run.stderr
     reported = re.search(r"TTFB \d+ ms, audio ([\d.]+) s, real-time factor [\d.]+", run.stdout)
     assert reported, run.stdout
@@ -56,8 +80,7 @@ def test_client_says_clearly_when_the_server_is_unreachable_or_refuses(server, t
 
 
 def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
-    srv = start_server("server.api_key=s3cret", "server.drain_timeout_s=120")
-    try:
+    with serve_in_process("server.api_key=s3cret", "server.drain_timeout_s=120") as srv:
         async def go():
             async with aiohttp.ClientSession() as s:
                 r = await s.post(srv.http + "/v1/audio/speech", json={"input": "hi"})
@@ -82,7 +105,7 @@ def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
                                  json={"input": "finish me", "response_format": "pcm", "max_tokens": 140,
                                        "min_tokens": 140})
                 first = await r.content.readany()
-                srv.proc.terminate()  # SIGTERM mid-stream
+                srv.terminate()  # what SIGTERM begins, mid-stream
                 rest = await r.read()
             return denied, allowed, info.value.code(), len(voices.voices), health, len(first) + len(rest)
 
@@ -91,30 +114,20 @@ def test_api_key_is_required_when_configured_and_shutdown_drains(tmp_path):
         assert grpc_code == grpc.StatusCode.UNAUTHENTICATED and n_voices == 8
         assert health[0] == 200  # /health needs no key
         assert streamed == 20 * 2048 * 2  # every frame of the in-flight stream arrived
-        assert srv.proc.wait(timeout=120) == 0
-        assert "draining 1 in-flight request" in srv.log() and "stopped" in srv.log()
-    finally:
-        if srv.proc.poll() is None:
-            stop_server(srv)
+        assert srv.wait() == 0
+        assert "draining 1 in-flight request" in srv.log()
 
 
 def test_shutdown_cancels_streams_that_outlast_the_drain_timeout():
-    srv = start_server("server.drain_timeout_s=0")
-
-    async def go():
-        async with aiohttp.ClientSession() as s:
-            r = await s.post(srv.http + "/v1/audio/speech",
-                             json={"input": "never ending", "response_format": "pcm", "max_tokens": 900})
-            await r.content.readany()
-            srv.proc.terminate()
-            try:
-                await r.read()
-            except aiohttp.ClientPayloadError:
-                pass  # the body is cut off: the stream was cancelled
-
-    asyncio.run(go())
-    assert srv.proc.wait(timeout=120) == 0
-    assert "drain timeout: cancelling 1 stream(s)" in srv.log()
+    # the stream is held by backpressure (its client reads nothing), so it cannot end by itself first
+    with serve_in_process("server.drain_timeout_s=0", *HOLD_SETTINGS) as srv:
+        with HeldCall(srv.grpc) as held:  # (gRPC: its status tells how it ended)
+            srv.terminate()
+            with pytest.raises(grpc.RpcError) as cut:
+                held.read_to_end()
+        assert cut.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+        assert srv.wait() == 0
+        assert "drain timeout: cancelling 1 stream(s)" in srv.log()
 
 
 def test_bad_startup_config_exits_with_a_message():
@@ -124,26 +137,21 @@ def test_bad_startup_config_exits_with_a_message():
 
 
 def test_overload_is_429_with_retry_after_and_resource_exhausted_over_grpc():
-    srv = start_server("scheduler.max_concurrent_sessions=1", "scheduler.max_batch_size=1",
-                       "scheduler.max_pending=0")
-    try:
-        async def go():
-            async with aiohttp.ClientSession() as s:
-                busy = await s.post(srv.http + "/v1/audio/speech",
-                                    json={"input": "hold the line", "response_format": "pcm", "max_tokens": 600})
-                await busy.content.readany()  # the only slot is taken
-                r = await s.post(srv.http + "/v1/audio/speech", json={"input": "me too"})
-                rest = (r.status, r.headers.get("Retry-After"), (await r.json())["error"]["code"])
+    with serve_in_process("scheduler.max_concurrent_sessions=1", "scheduler.max_batch_size=1",
+                          "scheduler.max_pending=0", *HOLD_SETTINGS) as srv:
+        with HeldStream(srv):  # the only slot is taken
+
+            async def go():
+                async with aiohttp.ClientSession() as s:
+                    r = await s.post(srv.http + "/v1/audio/speech", json={"input": "me too"})
+                    rest = (r.status, r.headers.get("Retry-After"), (await r.json())["error"]["code"])
                 async with grpc.aio.insecure_channel(srv.grpc) as channel:
                     stub = tts_pb2_grpc.TextToSpeechStub(channel)
                     with pytest.raises(grpc.aio.AioRpcError) as info:
                         await stub.Synthesize(tts_pb2.SynthesizeRequest(text="me too"))
-                busy.close()
-            return rest, info.value.code()
+                return rest, info.value.code()
 
-        rest, grpc_code = asyncio.run(go())
+            rest, grpc_code = asyncio.run(go())
         assert rest[0] == 429 and int(rest[1]) >= 1 and rest[2] == "overloaded"
         assert grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert srv.eventually_idle()["kv_cache"]["free_slots"] == 1
-    finally:
-        stop_server(srv)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 
 import pytest
 import requests
@@ -20,7 +19,7 @@ from lyre.api.http.app import create_app
 from lyre.audio.formats import FORMATS
 from lyre.config import load_config
 from lyre.service.tts import TTSService
-from tests.support.servers import NOT_SERVING, HealthWatch, start_server, stop_server
+from tests.support.servers import HOLD_SETTINGS, NOT_SERVING, HealthWatch, HeldStream, serve_in_process
 
 SPEECH = "/v1/audio/speech"
 
@@ -100,10 +99,11 @@ def test_an_undocumented_answer_is_caught(spec, server):
 
 def test_key_overload_and_drain_answers_match_the_document(spec):
     """401 on every /v1/ route, 429 with Retry-After past the per-client limit, and 503 on /ready
-    and new speech while draining."""
-    srv = start_server("server.api_key=s3cret", "server.max_connections_per_client=2", "server.drain_timeout_s=120")
+    and new speech while draining. (In-process: the drain is the one SIGTERM begins.)"""
     auth = {"Authorization": "Bearer s3cret"}
-    try:
+    # a held stream reads nothing for a while: never a slow consumer here
+    with serve_in_process("server.api_key=s3cret", "server.max_connections_per_client=2",
+                          "server.drain_timeout_s=120", *HOLD_SETTINGS) as srv:
         for method, path in (("GET", "/v1/voices"), ("GET", "/v1/models"), ("GET", "/v1/stats"),
                              ("POST", SPEECH), ("GET", "/v1/audio/stream")):
             r = call(spec, method, srv.http + path, json={"input": "hi"} if method == "POST" else None)
@@ -119,25 +119,18 @@ def test_key_overload_and_drain_answers_match_the_document(spec):
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1
 
         # a long synthesis keeps the server draining while new work is refused
-        held = requests.post(srv.http + SPEECH, headers=auth, stream=True, timeout=60,
-                             json={"input": "Keep going", "response_format": "pcm", "max_tokens": 5000,
-                                   "min_tokens": 5000})
-        chunks = held.iter_content(256)  # (kept: a dropped iterator closes the connection, which cancels)
-        assert held.status_code == 200 and next(chunks)
-        with HealthWatch(srv, "") as alive:
-            srv.proc.send_signal(signal.SIGTERM)
-            alive.until(NOT_SERVING)  # the drain began
-        ready = call(spec, "GET", srv.http + "/ready")
-        assert ready.status_code == 503 and ready.json()["reason"] == "draining"
-        health = call(spec, "GET", srv.http + "/health")
-        assert health.status_code == 200 and health.json()["status"] == "draining"  # alive while it drains
-        r = call(spec, "POST", srv.http + SPEECH, headers=auth, json={"input": "too late"})
-        assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
-        held.close()  # the last stream ends: the drain completes
-        assert srv.proc.wait(timeout=60) == 0
-    finally:
-        if srv.proc.poll() is None:
-            stop_server(srv)
+        with HeldStream(srv, headers=auth):
+            with HealthWatch(srv, "") as alive:
+                srv.terminate()  # what SIGTERM begins
+                alive.until(NOT_SERVING)  # the drain began
+            ready = call(spec, "GET", srv.http + "/ready")
+            assert ready.status_code == 503 and ready.json()["reason"] == "draining"
+            health = call(spec, "GET", srv.http + "/health")
+            assert health.status_code == 200 and health.json()["status"] == "draining"  # alive while it drains
+            r = call(spec, "POST", srv.http + SPEECH, headers=auth, json={"input": "too late"})
+            assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+        # the last stream hung up: the drain completes
+        assert srv.wait() == 0
 
 
 def test_the_speech_body_schema_is_the_one_requests_are_validated_with(spec, server):

@@ -296,8 +296,12 @@ def test_ttfb_counts_from_the_message_that_completed_the_text_not_from_the_open(
                 if data.get("done"):
                     return 1000 * (first - sent), data["metrics"]["ttfb_ms"]
 
-    for opener, completer in [({"append": ""}, {"append": "Hello there, ", "end": True}),
-                              ({"append": "Hello there"}, {"flush": True, "end": True}),
-                              ({"append": "Hello"}, {"text": " there."})]:
-        seen_ms, ttfb_ms = asyncio.run(go(opener, completer))
+    cases = [({"append": ""}, {"append": "Hello there, ", "end": True}),
+             ({"append": "Hello there"}, {"flush": True, "end": True}),
+             ({"append": "Hello"}, {"text": " there."})]
+
+    async def each():
+        return await asyncio.gather(*(go(opener, completer) for opener, completer in cases))  # (one socket each)
+
+    for (opener, completer), (seen_ms, ttfb_ms) in zip(cases, asyncio.run(each()), strict=True):
         assert 0 < ttfb_ms <= seen_ms, (opener, completer, ttfb_ms, seen_ms)
