@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 
@@ -66,3 +67,25 @@ def test_setup_refuses_an_unknown_option_and_explains_the_one_it_has():
     assert "--with-test-services" in unknown.stderr
     usage = subprocess.run(["bash", "setup.sh", "--help"], cwd=REPO_ROOT, capture_output=True, text=True)
     assert usage.returncode == 0 and "--with-test-services" in usage.stdout and "postgresql" in usage.stdout
+
+
+def test_the_test_command_leaves_out_the_slow_tests_and_the_second_command_runs_only_them(tmp_path):
+    """pyproject.toml's addopts deselect ``slow``; a ``-m`` on the command line comes after them and
+    wins (checked on a two-test project with this repository's pytest settings)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert ".venv/bin/python -m pytest -m slow" in readme
+    (tmp_path / "pyproject.toml").write_text((REPO_ROOT / "pyproject.toml").read_text())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_two.py").write_text(
+        "import pytest\n\n\n@pytest.mark.slow\ndef test_heavy():\n    pass\n\n\ndef test_light():\n    pass\n")
+
+    def collected(*args: str) -> list[str]:
+        run = subprocess.run([str(REPO_ROOT / ".venv" / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider",
+                              "-W", "ignore::pytest.PytestConfigWarning", "-q", "--collect-only", *args], cwd=tmp_path,
+                             capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # (seconds of plugin imports)
+        assert run.returncode == 0, run.stdout + run.stderr
+        return [line.split("::")[1] for line in run.stdout.splitlines() if "::" in line]
+
+    assert collected() == ["test_light"]
+    assert collected("-m", "slow") == ["test_heavy"]

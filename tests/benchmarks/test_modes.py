@@ -1,22 +1,24 @@
-"""``benchmark.py --mode engine``: runs briefly and writes every figure."""
+"""``benchmark.py --mode engine | service | codec | watermark``: each runs briefly and writes every
+figure (in-process: ``bench``, tests/benchmarks/conftest.py; the script runs as a process once, in
+the codec mode's test). The service mode over every policy and codec mode and the codec mode over
+several batch sizes are slow (``pytest -m slow``), each with a run of one setting here."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 from tests.support.paths import REPO_ROOT
 
 
-def test_engine_mode_writes_the_figures_and_a_table(demo_dir, tmp_path):
+def test_engine_mode_writes_the_figures_and_a_table(bench, demo_dir, tmp_path):
     out_file = tmp_path / "engine.json"
-    run = subprocess.run(
-        [sys.executable, "benchmark.py", "--mode", "engine", "--checkpoint", str(demo_dir / "llama"),
-         "--concurrency", "1,3", "--max-tokens", "8", "--baseline-requests", "1", "--slot-order", "shuffled",
-         "--output", str(out_file)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
-    )
+    run = bench("--mode", "engine", "--checkpoint", str(demo_dir / "llama"), "--concurrency", "1,3",
+                "--max-tokens", "8", "--baseline-requests", "1", "--slot-order", "shuffled", "--output", str(out_file))
     assert run.returncode == 0, run.stderr
     result = json.loads(out_file.read_text())
     assert [lv["concurrency"] for lv in result["engine"]] == [1, 3]
@@ -30,24 +32,26 @@ def test_engine_mode_writes_the_figures_and_a_table(demo_dir, tmp_path):
     assert "engine, 3 concurrent" in run.stdout and "transformers, sequential" in run.stdout
 
 
-def test_unknown_mode_and_bad_levels_are_refused():
-    run = subprocess.run([sys.executable, "benchmark.py", "--mode", "engine", "--concurrency", "0,2"],
-                         capture_output=True, text=True, cwd=REPO_ROOT)
+def test_unknown_mode_and_bad_levels_are_refused(bench):
+    run = bench("--mode", "engine", "--concurrency", "0,2")
     assert run.returncode == 2 and "concurrency levels must be integers >= 1" in run.stderr
+    run = bench("--mode", "telepathy")
+    assert run.returncode == 2 and "invalid choice: 'telepathy'" in run.stderr
+    for args, message in ((["--policies", "lifo"], "--policies takes fair and/or deadline"),
+                          (["--codec-modes", "fast"], "--codec-modes takes stream and/or window"),
+                          (["--runtimes", "tensorrt"], "--runtimes takes torch, onnxruntime and/or openvino")):
+        mode = "codec" if args[0] == "--runtimes" else "service"
+        bad = bench("--mode", mode, *args)
+        assert bad.returncode == 2 and message in bad.stderr
 
 
-def test_service_mode_reports_ttfb_real_time_streams_and_codec_cost_per_policy_and_codec_mode(tmp_path):
+def service(bench, tmp_path, policies: str, modes: str):
     out_file = tmp_path / "service.json"
-    run = subprocess.run(
-        [sys.executable, "benchmark.py", "--mode", "service", "--concurrency", "1,3", "--max-tokens", "14",
-         "--set", "codec.noise=false", "--policies", "fair,deadline", "--codec-modes", "stream,window",
-         "--output", str(out_file)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
-    )
+    run = bench("--mode", "service", "--concurrency", "1,3", "--max-tokens", "14", "--set", "codec.noise=false",
+                "--policies", policies, "--codec-modes", modes, "--output", str(out_file))
     assert run.returncode == 0, run.stderr
     result = json.loads(out_file.read_text())
     runs = {(r["policy"], r["codec_mode"]): r["levels"] for r in result["runs"]}
-    assert set(runs) == {("fair", "stream"), ("fair", "window"), ("deadline", "stream"), ("deadline", "window")}
     for (_, mode), levels in runs.items():
         assert [lv["concurrency"] for lv in levels] == [1, 3]
         for lv in levels:
@@ -56,43 +60,61 @@ def test_service_mode_reports_ttfb_real_time_streams_and_codec_cost_per_policy_a
             assert lv["codec_ms_per_frame"] > 0
             if mode == "window":  # windows of context: more frames decoded than emitted
                 assert lv["decoded_per_emitted"] >= 1.5
-    assert "deadline" in run.stdout and "TTFB p95 ms" in run.stdout and "dec/emit" in run.stdout
-    for args, message in ((["--policies", "lifo"], "--policies takes fair and/or deadline"),
-                          (["--codec-modes", "fast"], "--codec-modes takes stream and/or window")):
-        bad = subprocess.run([sys.executable, "benchmark.py", "--mode", "service", *args],
-                             capture_output=True, text=True, cwd=REPO_ROOT)
-        assert bad.returncode == 2 and message in bad.stderr
+    assert "TTFB p95 ms" in run.stdout and "dec/emit" in run.stdout
+    return run, runs
 
 
-def test_codec_mode_measures_each_runtime_against_torch(tmp_path):
-    out_file = tmp_path / "codec.json"
-    run = subprocess.run(
-        [sys.executable, "benchmark.py", "--mode", "codec", "--batches", "1,2", "--chunk", "1",
-         "--runtimes", "torch,onnxruntime", "--output", str(out_file)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
-    )
-    assert run.returncode == 0, run.stderr
-    rows = json.loads(out_file.read_text())["rows"]
+def test_service_mode_reports_ttfb_real_time_streams_and_codec_cost(bench, tmp_path):
+    run, runs = service(bench, tmp_path, "deadline", "window")
+    assert set(runs) == {("deadline", "window")} and "deadline" in run.stdout
+
+
+@pytest.mark.slow
+def test_service_mode_reports_ttfb_real_time_streams_and_codec_cost_per_policy_and_codec_mode(bench, tmp_path):
+    run, runs = service(bench, tmp_path, "fair,deadline", "stream,window")
+    assert set(runs) == {("fair", "stream"), ("fair", "window"), ("deadline", "stream"), ("deadline", "window")}
+    assert "deadline" in run.stdout
+
+
+def check_codec_rows(rows: list[dict], batches: tuple[int, ...]) -> None:
     assert {(r["mode"], r["runtime"], r["batch"]) for r in rows} == {
-        (m, rt, b) for m, rt in (("stream", "torch"), ("stream", "onnxruntime"), ("window", "torch")) for b in (1, 2)}
+        (m, rt, b) for m, rt in (("stream", "torch"), ("stream", "onnxruntime"), ("window", "torch")) for b in batches}
     for r in rows:
         assert r["ms_per_frame"] > 0
         if r["mode"] == "stream":
             assert r["decoded_per_emitted"] == 1.0 and r["max_error_vs_torch"] <= 1e-5  # each frame once, exact
         else:
             assert 5.0 < r["decoded_per_emitted"] <= 7.0  # 1-frame chunks inside windows of up to 3 + 1 + 3
+
+
+def test_codec_mode_measures_each_runtime_against_torch(tmp_path):
+    """The script as a user runs it (the one process of benchmark.py in the suite): exit 0, the table,
+    the JSON."""
+    out_file = tmp_path / "codec.json"
+    run = subprocess.run(
+        [sys.executable, "benchmark.py", "--mode", "codec", "--batches", "1", "--chunk", "1",
+         "--runtimes", "torch,onnxruntime", "--output", str(out_file)],
+        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
+    )
+    assert run.returncode == 0, run.stderr
+    check_codec_rows(json.loads(out_file.read_text())["rows"], (1,))
     assert "ms / emitted frame" in run.stdout
 
 
-def test_watermark_mode_reports_detection_false_positives_and_cost(tmp_path):
-    import shutil
+@pytest.mark.slow
+def test_codec_mode_measures_each_runtime_against_torch_at_each_batch_size(bench, tmp_path):
+    out_file = tmp_path / "codec.json"
+    run = bench("--mode", "codec", "--batches", "1,2", "--chunk", "1", "--runtimes", "torch,onnxruntime",
+                "--output", str(out_file))
+    assert run.returncode == 0, run.stderr
+    check_codec_rows(json.loads(out_file.read_text())["rows"], (1, 2))
+    assert "ms / emitted frame" in run.stdout
 
+
+def test_watermark_mode_reports_detection_false_positives_and_cost(bench, tmp_path):
     out_file = tmp_path / "watermark.json"
-    run = subprocess.run(
-        [sys.executable, "benchmark.py", "--mode", "watermark", "--requests", "2", "--set", f"data_dir={tmp_path}",
-         "--set", "sampling.max_tokens=210", "--set", "sampling.min_tokens=210", "--output", str(out_file)],
-        capture_output=True, text=True, cwd=REPO_ROOT, timeout=600,
-    )
+    run = bench("--mode", "watermark", "--requests", "2", "--set", f"data_dir={tmp_path}",
+                "--set", "sampling.max_tokens=210", "--set", "sampling.min_tokens=210", "--output", str(out_file))
     assert run.returncode == 0, run.stderr
     result = json.loads(out_file.read_text())
     for path in ("wav", "mp3_128k", "mulaw_8k"):

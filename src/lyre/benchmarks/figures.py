@@ -134,9 +134,12 @@ def meets(summary: dict[str, Any], slo: dict[str, float]) -> bool:
     return all(checks[name](bound) for name, bound in slo.items())
 
 
-def find_max(measure, slo: dict[str, float], hi: int) -> tuple[int, list[dict[str, Any]]]:
-    """The largest concurrency in 1..hi meeting ``slo`` (bisection; 0 when even 1 fails)."""
-    tried: dict[int, dict[str, Any]] = {}
+def find_max(measure, slo: dict[str, float], hi: int,
+             known: dict[int, dict[str, Any]] | None = None) -> tuple[int, list[dict[str, Any]]]:
+    """The largest concurrency in 1..hi meeting ``slo`` (bisection; 0 when even 1 fails). ``known``:
+    levels measured already (a sweep's), not measured again."""
+    tried: dict[int, dict[str, Any]] = {n: {**summary, "meets_slo": meets(summary, slo)}
+                                        for n, summary in (known or {}).items()}
 
     def ok(n: int) -> bool:
         if n not in tried:

@@ -88,7 +88,8 @@ def sweep(args, texts: list[str], say) -> dict[str, Any]:
                     entry["levels"].append(measure(c))
                 if args.find_max:
                     slo = parse_slo(args.slo)
-                    best, tried = find_max(measure, slo, max(levels))
+                    best, tried = find_max(measure, slo, max(levels),  # (the sweep's levels are not measured again)
+                                           known={lv["concurrency"]: lv for lv in entry["levels"]})
                     entry["find_max"] = {"slo": slo, "max_concurrency": best, "tried": tried}
                     say(f"{key}: largest concurrency meeting the SLO: {best}")
                 out[key] = entry
@@ -116,7 +117,14 @@ def ratios(engines: dict[str, Any], baseline: str) -> dict[str, Any]:
     return out
 
 
+def _check_slo(args) -> None:
+    """A malformed --slo is refused before any server starts or any level is measured."""
+    if args.find_max:
+        parse_slo(args.slo)
+
+
 def run_scaling(args, say) -> dict[str, Any]:
+    _check_slo(args)
     texts = load_texts(args.texts or "conversational")
     engines = sweep(args, texts, say)
     result = {"mode": "scaling", "engines": engines}
@@ -126,6 +134,7 @@ def run_scaling(args, say) -> dict[str, Any]:
 
 
 def run_all(args, say) -> dict[str, Any]:
+    _check_slo(args)
     texts = load_texts(args.texts or "conversational")
     result: dict[str, Any] = {"mode": "all"}
     with server_for(args) as (http, grpc):

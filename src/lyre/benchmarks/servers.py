@@ -61,6 +61,8 @@ class ManagedServer:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._proc.poll() is not None:  # stopped already (the soak's drain sends its own SIGTERM)
+            return
         os.kill(self.pid, signal.SIGTERM)  # our own process, by its id
         try:
             self._proc.wait(timeout=120)
