@@ -6,6 +6,7 @@ import pytest
 
 from lyre.codec import configure_noise
 from lyre.model import checkpoint
+from tests.support.engines import all_torch_threads
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +14,7 @@ def quiet_snac(demo_dir):
     return configure_noise(checkpoint.load_snac(demo_dir / "snac"), enabled=False)
 
 
-
-
-
-
+@pytest.fixture(scope="module", autouse=True)
+def _all_cores():
+    with all_torch_threads():  # (tests/support/engines.py: why)
+        yield

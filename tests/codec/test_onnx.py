@@ -67,17 +67,19 @@ def test_runtime_choice_and_clear_refusals(demo_dir):
     assert window.stats().mode == "window"
 
 
-def test_prepare_exports_what_the_configured_runtime_needs():
+def test_prepare_exports_what_the_configured_runtime_needs(capsys):
+    """``lyre codec prepare``: once as a user runs it (the one such process of the suite), then its
+    ``main(argv)`` in-process."""
     import subprocess
     import sys
+
+    from lyre.tools.codec import main
 
     run = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.noise=false"],
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "codec ready: stream mode, onnxruntime" in run.stdout
-    window = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.mode=window"],
-                            capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
-    assert window.returncode == 0 and "nothing to prepare" in window.stdout
-    bad = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.runtime=tensorrt"],
-                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
-    assert bad.returncode == 1 and "codec.runtime" in bad.stderr
+    assert main(["prepare", "--set", "codec.mode=window"]) == 0
+    assert "nothing to prepare" in capsys.readouterr().out
+    assert main(["prepare", "--set", "codec.runtime=tensorrt"]) == 1
+    assert "codec.runtime" in capsys.readouterr().err

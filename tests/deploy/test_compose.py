@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import yaml
 
+from tests.support.install import script_help
 from tests.support.paths import REPO_ROOT
 
 COMPOSE = REPO_ROOT / "deploy" / "compose"
@@ -27,8 +27,7 @@ def replicas() -> dict[str, dict]:
 def test_the_compose_topology_holds_together():
     services = compose()["services"]
     assert set(services) == {"lyre1", "lyre2", "haproxy", "postgres", "prometheus", "grafana"}
-    help_text = subprocess.run([sys.executable, "production_server.py", "--help"], cwd=REPO_ROOT, capture_output=True,
-                               text=True, check=True).stdout
+    help_text = script_help("production_server.py")
     for name, service in replicas().items():
         command = service["command"]
         assert command[:2] == ["python", "production_server.py"]

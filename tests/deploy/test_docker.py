@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from lyre.config import LyreConfig
-from tests.support.install import lyre_gpu_requirements
+from tests.support.install import lyre_gpu_requirements, script_help
 from tests.support.paths import REPO_ROOT
 
 DOCKERFILES = {"cpu": REPO_ROOT / "docker" / "cpu.Dockerfile", "gpu": REPO_ROOT / "docker" / "gpu.Dockerfile"}
@@ -95,12 +93,6 @@ def copied(instructions: list[Instruction]) -> list[str]:
     return sources
 
 
-def help_text(script: str) -> str:
-    run = subprocess.run([sys.executable, script, "--help"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    return run.stdout
-
-
 @pytest.fixture(scope="module", params=sorted(DOCKERFILES))
 def dockerfile(request) -> tuple[str, list[Instruction], list[str]]:
     return request.param, *parse(DOCKERFILES[request.param])
@@ -141,7 +133,7 @@ def test_every_command_it_runs_exists_with_the_options_it_passes(dockerfile):
         script = cmd[1]
         assert (REPO_ROOT / script).is_file() and script in sources, f"{script}: not copied into the image"
         found_scripts.add(script)
-        text = help_text(script)
+        text = script_help(script)
         for flag in [a.split("=")[0] for a in cmd[2:] if a.startswith("--")]:
             assert re.search(rf"(^|\s){re.escape(flag)}\b", text), f"{script} has no option {flag}"
         for i, arg in enumerate(cmd):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import kubernetes_validate
@@ -16,6 +15,7 @@ import yaml
 
 from lyre.config import load_config
 from lyre.core.metrics import Metrics
+from tests.support.install import script_help
 from tests.support.paths import REPO_ROOT
 
 K8S = REPO_ROOT / "deploy" / "kubernetes"
@@ -116,8 +116,7 @@ def test_the_deployment_runs_lyre_as_it_is_and_probes_what_it_serves():
     c = container(deployment)
     args = c["args"]
     assert args[:2] == ["python", "production_server.py"]
-    help_text = subprocess.run([sys.executable, "production_server.py", "--help"], cwd=REPO_ROOT, capture_output=True,
-                               text=True, check=True).stdout
+    help_text = script_help("production_server.py")
     for flag in (a for a in args if a.startswith("--")):
         assert flag in help_text, flag
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from lyre.model import demo, orpheus
-from tests.support.engines import SHAPE_GQA4_UNTIED, SHAPE_MHA_LLAMA3
+from tests.support.engines import SHAPE_GQA4_UNTIED, SHAPE_MHA_LLAMA3, all_torch_threads
 
 
 @pytest.fixture(scope="session")
@@ -34,11 +34,7 @@ def eos_happy_dir(tmp_path_factory) -> Path:
     return d
 
 
-
-
-
-
-
-
-
-
+@pytest.fixture(scope="module", autouse=True)
+def _all_cores():
+    with all_torch_threads():  # (tests/support/engines.py: why)
+        yield

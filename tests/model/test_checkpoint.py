@@ -39,10 +39,15 @@ SMALL_UNTIED = {
 # --- the demo checkpoint ------------------------------------------------------------------------
 
 
-def test_demo_is_byte_identical_on_every_run(demo_dir, tmp_path):
-    again = demo.write_demo(tmp_path / "demo")
+@pytest.fixture(scope="module")
+def written_demo(tmp_path_factory) -> Path:
+    """A demo checkpoint written afresh by this run (once for the module: writing one takes seconds)."""
+    return demo.write_demo(tmp_path_factory.mktemp("written") / "demo")
+
+
+def test_demo_is_byte_identical_on_every_run(demo_dir, written_demo):
     first = json.loads((demo_dir / demo.MARKER).read_text())["files"]
-    second = demo._digest(again)
+    second = demo._digest(written_demo)
     assert second == first
     assert demo._digest(demo_dir) == first  # nobody changed the repository's copy either
     assert set(first) >= {"llama/config.json", "llama/model.safetensors", "llama/tokenizer.json",
@@ -94,8 +99,8 @@ def test_demo_tokenizer_text_ids_stay_below_128000(demo_tokenizer, text):
     assert demo_tokenizer.decode(ids) == text
 
 
-def test_ensure_demo_rewrites_an_incomplete_demo_only(tmp_path):
-    target = tmp_path / "demo"
+def test_ensure_demo_rewrites_an_incomplete_demo_only(written_demo, tmp_path):
+    target = shutil.copytree(written_demo, tmp_path / "demo")
     demo.ensure_demo(target)
     marker_time = (target / demo.MARKER).stat().st_mtime_ns
     demo.ensure_demo(target)
@@ -106,12 +111,17 @@ def test_ensure_demo_rewrites_an_incomplete_demo_only(tmp_path):
     assert (target / "snac" / "pytorch_model.bin").is_file()
 
 
-def test_demo_command_line(tmp_path):
-    run = [sys.executable, "-m", "lyre", "checkpoint", "demo", str(tmp_path / "d")]
-    first = subprocess.run(run, capture_output=True, text=True, check=True)
-    assert "noise" in first.stdout
-    second = subprocess.run(run, capture_output=True, text=True, check=True)
-    assert "up to date" in second.stdout
+def test_demo_command_line(written_demo, tmp_path, capsys):
+    from lyre.tools.checkpoint import main
+
+    assert main(["demo", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "wrote the demo checkpoint" in out and "noise" in out and demo.demo_is_current(tmp_path / "d")
+    assert main(["demo", str(shutil.copytree(written_demo, tmp_path / "copy"))]) == 0
+    assert "up to date" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        main(["demo"])
+    assert refused.value.code == 2 and "the following arguments are required: dir" in capsys.readouterr().err
 
 
 # --- Llama checkpoints --------------------------------------------------------------------------
@@ -342,6 +352,7 @@ def test_demo_fallback_is_loud_and_can_be_refused(demo_dir, tmp_path, caplog):
 
 
 def test_resolve_command_reports_the_demo():
+    """The one ``lyre checkpoint`` process of the suite: the installed command runs and exits 0."""
     out = subprocess.run([sys.executable, "-m", "lyre", "checkpoint", "resolve"], capture_output=True, text=True,
                          cwd=REPO_ROOT, env={**os.environ, "HF_HUB_CACHE": str(REPO_ROOT / "models" / ".no-hf-cache")})
     assert out.returncode == 0, out.stderr

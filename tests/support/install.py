@@ -1,8 +1,13 @@
-"""pyproject.toml's requirements against TensorRT-LLM 1.2.1's published ones."""
+"""pyproject.toml's requirements against TensorRT-LLM 1.2.1's published ones, and the scripts' options."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
+import io
 import sys
+from pathlib import Path
 
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
@@ -62,3 +67,24 @@ def lyre_gpu_requirements() -> list[str]:
     project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     return [*project["dependencies"], *project["optional-dependencies"]["dev"],
             *project["optional-dependencies"]["trt"]]
+
+
+
+@functools.cache
+def script_help(script: str) -> str:
+    """What ``python SCRIPT --help`` prints, for the options the images and manifests pass it: the
+    script's ``main`` in-process (each script runs as a process elsewhere in the suite), once per
+    script for the whole run."""
+    spec = importlib.util.spec_from_file_location(f"script_{Path(script).stem}", REPO_ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out, argv0 = io.StringIO(), sys.argv[0]
+    sys.argv[0] = script  # (argparse's default program name)
+    try:
+        with contextlib.redirect_stdout(out):
+            module.main(["--help"])
+    except SystemExit as e:
+        assert e.code in (0, None), f"{script} --help exited {e.code}"
+    finally:
+        sys.argv[0] = argv0
+    return out.getvalue()

@@ -1,10 +1,12 @@
 """build_engine.py: the plan (shipped config, pre-Ada GPU), refusal without a GPU, the FP8 calibration
-set, and --backend torch (download from a FakeHub, verify)."""
+set, and --backend torch (download from a FakeHub, verify). The script's ``main(argv)`` runs
+in-process; once, as a user runs it (``--dry-run``)."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +15,7 @@ import pytest
 
 from lyre.config import load_config
 from lyre.engine.backend import Environment, Manifest
-from lyre.model import demo, orpheus
+from lyre.model import checkpoint, demo, orpheus
 from lyre.tools.build import BuildError, format_plan, plan_build
 from lyre.tools.calibration import records_to_text, write_calibration_set
 from tests.support.paths import CONFIG_PATH, REPO_ROOT
@@ -22,13 +24,34 @@ H100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "1.2.1", "10.13.2.6")
 T4 = Environment("Tesla T4", (7, 5), "1.2.1", "10.13.2.6")
 
 
-def build_engine(*args, env=None, timeout=300):
-    return subprocess.run([sys.executable, "build_engine.py", *args], capture_output=True, text=True, cwd=REPO_ROOT,
-                          env={**os.environ, **(env or {})}, timeout=timeout)
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("lyre_build_engine_script", REPO_ROOT / "build_engine.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def build_engine(script, capsys):
+    """``build_engine(*argv)`` -> (exit status, stdout, stderr) of ``python build_engine.py *argv``."""
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        try:
+            code = script.main(list(argv))
+        except SystemExit as e:  # argparse's refusals
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
 
 
 def test_dry_run_prints_the_full_plan_for_the_shipped_config():
-    out = build_engine("--config", str(CONFIG_PATH), "--dry-run")
+    """The one build_engine.py process of the suite: the script runs as a user runs it and exits 0."""
+    out = subprocess.run([sys.executable, "build_engine.py", "--config", str(CONFIG_PATH), "--dry-run"],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     plan = out.stdout
     for expected in ("weights:        FP8", "KV cache:       float16", "max_batch_size 32", "max_seq_len 4096",
@@ -39,28 +62,28 @@ def test_dry_run_prints_the_full_plan_for_the_shipped_config():
     assert "a real build here stops at once" in plan and "no CUDA GPU" in plan  # and it says so without failing
 
 
-def test_dry_run_for_a_pre_ada_gpu_falls_back_to_fp16_with_a_warning():
-    out = build_engine("--config", str(CONFIG_PATH), "--dry-run", "--target-gpu", "Tesla T4=7.5")
-    assert out.returncode == 0, out.stderr
-    assert "weights:        FP16 (requested FP8)" in out.stdout
-    assert "FP8 needs compute capability >= 8.9" in out.stdout and "Tesla T4 is 7.5" in out.stdout
-    assert "calibration:    none" in out.stdout
+def test_dry_run_for_a_pre_ada_gpu_falls_back_to_fp16_with_a_warning(build_engine):
+    code, out, err = build_engine("--config", str(CONFIG_PATH), "--dry-run", "--target-gpu", "Tesla T4=7.5")
+    assert code == 0, err
+    assert "weights:        FP16 (requested FP8)" in out
+    assert "FP8 needs compute capability >= 8.9" in out and "Tesla T4 is 7.5" in out
+    assert "calibration:    none" in out
 
 
-def test_a_real_build_without_gpu_or_library_stops_at_once_and_points_at_torch():
-    out = build_engine("--config", str(CONFIG_PATH))
-    assert out.returncode == 2
-    assert "cannot build here" in out.stderr and "no CUDA GPU" in out.stderr and "tensorrt-llm" in out.stderr
-    assert "--backend torch" in out.stderr and "model.backend=torch" in out.stderr
+def test_a_real_build_without_gpu_or_library_stops_at_once_and_points_at_torch(build_engine):
+    code, _, err = build_engine("--config", str(CONFIG_PATH))
+    assert code == 2
+    assert "cannot build here" in err and "no CUDA GPU" in err and "tensorrt-llm" in err
+    assert "--backend torch" in err and "model.backend=torch" in err
 
 
-def test_bad_arguments_are_refused():
-    out = build_engine("--target-gpu", "Tesla T4=7.5")
-    assert out.returncode == 2 and "only plans" in out.stderr
-    out = build_engine("--dry-run", "--target-gpu", "T4")
-    assert out.returncode == 2 and "NAME=MAJOR.MINOR" in out.stderr
-    out = build_engine("--dry-run", "--set", "build.quantization=int4")
-    assert out.returncode == 1 and "build.quantization" in out.stderr
+def test_bad_arguments_are_refused(build_engine):
+    code, _, err = build_engine("--target-gpu", "Tesla T4=7.5")
+    assert code == 2 and "only plans" in err
+    code, _, err = build_engine("--dry-run", "--target-gpu", "T4")
+    assert code == 2 and "NAME=MAJOR.MINOR" in err
+    code, _, err = build_engine("--dry-run", "--set", "build.quantization=int4")
+    assert code == 1 and "build.quantization" in err
 
 
 @pytest.mark.parametrize("env, quant, dtype, warns", [
@@ -130,7 +153,7 @@ SMALL = {**demo.DEMO_LLAMA_CONFIG, "vocab_size": 300, "hidden_size": 64, "interm
          "tie_word_embeddings": False, "rope_scaling": None, "torch_dtype": "float32"}
 
 
-def test_backend_torch_downloads_and_verifies_the_checkpoint(demo_dir, tmp_path):
+def test_backend_torch_downloads_and_verifies_the_checkpoint(build_engine, demo_dir, tmp_path, monkeypatch):
     from tests.support.fake_hub import FakeHub
 
     src = demo.write_llama_checkpoint(tmp_path / "src", SMALL, seed=3)
@@ -138,21 +161,30 @@ def test_backend_torch_downloads_and_verifies_the_checkpoint(demo_dir, tmp_path)
     repos = {"org/orpheus-mini": FakeHub.files_of(src), "org/snac": FakeHub.files_of(demo_dir / "snac")}
     args = ["--config", str(CONFIG_PATH), "--backend", "torch",
             "--set", "model.hf_id=org/orpheus-mini", "--set", "codec.hf_id=org/snac"]
+
+    def hub_at(endpoint: str, cache) -> None:  # what HF_ENDPOINT and HF_HUB_CACHE do for the process
+        monkeypatch.setattr(checkpoint, "download", functools.partial(DOWNLOAD, cache_dir=cache, endpoint=endpoint))
+        monkeypatch.setattr(checkpoint, "find_cached", functools.partial(FIND_CACHED, cache_dir=cache))
+
     with FakeHub(repos) as hub:
-        env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(tmp_path / "cache"), "HF_HUB_DISABLE_XET": "1"}
-        out = build_engine(*args, env=env)
-        assert out.returncode == 0, out.stderr
-        assert "2 layers, hidden 64, vocab 300" in out.stdout and "ready for the PyTorch backend" in out.stdout
+        hub_at(hub.endpoint, tmp_path / "cache")
+        code, out, err = build_engine(*args)
+        assert code == 0, err
+        assert "2 layers, hidden 64, vocab 300" in out and "ready for the PyTorch backend" in out
         assert hub.fetched("org/orpheus-mini") >= {"config.json", "model.safetensors", "tokenizer.json"}
         # A broken checkpoint is caught by the verification, not at serving time.
         bad = dict(repos["org/orpheus-mini"])
         config = json.loads(bad["config.json"])
         bad["config.json"] = json.dumps({**config, "hidden_size": 128}).encode()
         hub.repos["org/broken"] = bad
-        out = build_engine(*args[:4], "--set", "model.hf_id=org/broken", "--set", "codec.hf_id=org/snac", env=env)
-        assert out.returncode == 1 and "config.json implies" in out.stderr
-    out = build_engine(*args, env={"HF_HUB_CACHE": str(tmp_path / "empty"), "HF_ENDPOINT": "http://127.0.0.1:9"})
-    assert out.returncode == 1 and "cannot download org/orpheus-mini" in out.stderr
+        code, _, err = build_engine(*args[:4], "--set", "model.hf_id=org/broken", "--set", "codec.hf_id=org/snac")
+        assert code == 1 and "config.json implies" in err
+    hub_at("http://127.0.0.1:9", tmp_path / "empty")
+    code, _, err = build_engine(*args)
+    assert code == 1 and "cannot download org/orpheus-mini" in err
+
+
+DOWNLOAD, FIND_CACHED = checkpoint.download, checkpoint.find_cached
 
 
 # --------------------------------------------------------------------------------------------

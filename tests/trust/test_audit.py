@@ -1,6 +1,6 @@
 """The audit trail through the library API: one row per synthesis with the hashes of what was said
 and delivered; a database that cannot be written refuses new syntheses and loses no row; old rows
-are pruned; ``python -m lyre.trust.audit export`` reads them back."""
+are pruned; ``lyre audit export`` reads them back."""
 
 from __future__ import annotations
 
@@ -113,7 +113,9 @@ def test_rows_older_than_the_retention_are_pruned(database_url):
     assert [r["time"][:10] for r in rows(engine, EPOCH)] == [(now - timedelta(days=89)).date().isoformat()]
 
 
-def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, database_url):
+def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, database_url, capsys):
+    from lyre.tools.audit import main
+
     database = {} if database_url.startswith("sqlite") else {"voices.database_url": database_url}
 
     async def go():
@@ -124,21 +126,33 @@ def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, databas
 
     run(go())
 
-    def export(*args: str) -> subprocess.CompletedProcess:
+    def export(*args: str) -> tuple[int, str, str]:
         where = [f"voices.database_url={database_url}"] if database else []
-        return subprocess.run([sys.executable, "-m", "lyre", "audit", "export", "--set", f"data_dir={tmp_path}",
-                               *[x for w in where for x in ("--set", w)], *args],
-                              capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+        capsys.readouterr()
+        try:
+            code = main(["export", "--set", f"data_dir={tmp_path}", *[x for w in where for x in ("--set", w)], *args])
+        except SystemExit as e:  # argparse's refusals
+            code = e.code
+        out, err = capsys.readouterr()
+        return code, out, err
 
     today = datetime.now(timezone.utc).date().isoformat()
-    lines = export("--since", today, "--format", "jsonl")
-    assert lines.returncode == 0, lines.stderr
-    got = [json.loads(line) for line in lines.stdout.splitlines()]
-    assert [r["voice"] for r in got] == ["tara", "zac"] and "2 rows" in lines.stderr
-    zac = export("--since", today, "--voice", "zac", "--output", str(tmp_path / "zac.csv"))
-    assert zac.returncode == 0 and (tmp_path / "zac.csv").read_text().splitlines()[0].startswith("time,account,voice")
+    code, out, err = export("--since", today, "--format", "jsonl")
+    assert code == 0, err
+    got = [json.loads(line) for line in out.splitlines()]
+    assert [r["voice"] for r in got] == ["tara", "zac"] and "2 rows" in err
+    code, _, _ = export("--since", today, "--voice", "zac", "--output", str(tmp_path / "zac.csv"))
+    assert code == 0 and (tmp_path / "zac.csv").read_text().splitlines()[0].startswith("time,account,voice")
     assert len((tmp_path / "zac.csv").read_text().splitlines()) == 2
-    assert export("--since", "2999-01-01").stdout.splitlines() == ["time,account,voice,protocol,outcome,reason,"
-                                                                   "audio_seconds,text_sha256,pcm_sha256"]
-    bad = export("--since", "last tuesday")
-    assert bad.returncode == 2 and "is not a date" in bad.stderr
+    assert export("--since", "2999-01-01")[1].splitlines() == ["time,account,voice,protocol,outcome,reason,"
+                                                               "audio_seconds,text_sha256,pcm_sha256"]
+    code, _, err = export("--since", "last tuesday")
+    assert code == 2 and "is not a date" in err
+
+
+def test_the_audit_command_runs_as_a_user_runs_it(tmp_path):
+    """The one ``lyre audit`` process of the suite: the installed command runs and exits 0."""
+    out = subprocess.run([sys.executable, "-m", "lyre", "audit", "export", "--since", "2000-01-01",
+                          "--set", f"data_dir={tmp_path}"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("time,account,voice") and "0 rows" in out.stderr
