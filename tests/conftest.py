@@ -42,6 +42,14 @@ def demo_snac(demo_dir):
     return checkpoint.load_snac(demo_dir / "snac")
 
 
+@pytest.fixture(scope="session")
+def snac_dir() -> Path:
+    """The tests' narrow SNAC (tests/support/narrow_codec.py): what the codec tests decode with."""
+    from tests.support.narrow_codec import narrow_codec
+
+    return narrow_codec()
+
+
 @pytest.fixture(autouse=True)
 def _quiet_lyre_logs(caplog):
     caplog.set_level(logging.INFO, logger="lyre")

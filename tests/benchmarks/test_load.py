@@ -11,8 +11,9 @@ import json
 import pytest
 
 from lyre.benchmarks.figures import find_max, meets, parse_slo, percentile
+from tests.support.narrow_codec import narrow_codec
 
-QUICK = ["--set", "sampling.max_tokens=14", "--set", "sampling.min_tokens=14", "--set", "codec.noise=false",
+QUICK = ["--set", f"codec.path={narrow_codec()}", "--set", "sampling.max_tokens=14", "--set", "sampling.min_tokens=14", "--set", "codec.noise=false",
          "--set", "scheduler.max_concurrent_sessions=8", "--set", "scheduler.max_batch_size=8"]
 FIGURES = {"requests", "success_rate", "ttfb_ms_p50", "ttfb_ms_p95", "ttfb_ms_p99", "underruns",
            "streams_without_underrun", "real_time_streams", "audio_s_per_wall_s", "server_tokens_per_s", "rtf_p50",

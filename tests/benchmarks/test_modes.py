@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from tests.support.narrow_codec import narrow_codec
 from tests.support.paths import REPO_ROOT
 
 
@@ -48,6 +49,7 @@ def test_unknown_mode_and_bad_levels_are_refused(bench):
 def service(bench, tmp_path, policies: str, modes: str):
     out_file = tmp_path / "service.json"
     run = bench("--mode", "service", "--concurrency", "1,3", "--max-tokens", "14", "--set", "codec.noise=false",
+                "--set", f"codec.path={narrow_codec()}",
                 "--policies", policies, "--codec-modes", modes, "--output", str(out_file))
     assert run.returncode == 0, run.stderr
     result = json.loads(out_file.read_text())

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from tests.support.narrow_codec import narrow_codec
+
 NOTHING_LEFT = {"kv_slots_used": 0, "active_sessions": 0, "pending_sessions": 0, "codec_states": 0}
-SERVER = ["--set", "codec.noise=false", "--set", "scheduler.max_concurrent_sessions=8",
+SERVER = ["--set", f"codec.path={narrow_codec()}", "--set", "codec.noise=false", "--set", "scheduler.max_concurrent_sessions=8",
           "--set", "scheduler.max_batch_size=8", "--set", "scheduler.max_pending=8"]
 
 
@@ -40,7 +42,7 @@ def test_a_small_soak_runs_every_phase_and_leaves_nothing_behind(bench, tmp_path
     out = tmp_path / "soak.json"
     run = bench("--mode", "soak", "--requests", "12", "--concurrent", "2", "--max-tokens", "7",
                 "--overload-factor", "2", "--fuzz-examples", "5", "--drain-timeout", "1",
-                "--set", f"model.demo_dir={demo_dir}", "--set", "codec.noise=false",
+                "--set", f"model.demo_dir={demo_dir}", "--set", "codec.noise=false", "--set", f"codec.path={narrow_codec()}",
                 "--set", "scheduler.max_concurrent_sessions=2", "--set", "scheduler.max_batch_size=2",
                 "--set", "scheduler.max_pending=2", "--output", str(out))
     assert run.returncode == 0, run.stderr[-3000:]

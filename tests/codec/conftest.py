@@ -10,8 +10,8 @@ from tests.support.engines import all_torch_threads
 
 
 @pytest.fixture(scope="module")
-def quiet_snac(demo_dir):
-    return configure_noise(checkpoint.load_snac(demo_dir / "snac"), enabled=False)
+def quiet_snac(snac_dir):
+    return configure_noise(checkpoint.load_snac(snac_dir), enabled=False)
 
 
 @pytest.fixture(scope="module", autouse=True)

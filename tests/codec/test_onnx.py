@@ -24,10 +24,10 @@ def runtime_or_skip(name: str) -> None:
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
 @pytest.mark.parametrize("noise", [False, True])
-def test_an_onnx_runtime_streams_the_same_audio_as_torch(demo_dir, runtime, noise):
+def test_an_onnx_runtime_streams_the_same_audio_as_torch(snac_dir, runtime, noise):
     runtime_or_skip(runtime)
     frames = random_frames(14, seed=21)
-    snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), noise, seed=7)
+    snac = configure_noise(checkpoint.load_snac(snac_dir), noise, seed=7)
     model = StreamingSnac(snac).eval()
     runner, offline_runner = (codec_onnx.RUNNERS[runtime](model, CACHE, kind) for kind in codec_onnx.KINDS)
     settings = StreamSettings(warmup_frames=3)
@@ -42,9 +42,9 @@ def test_an_onnx_runtime_streams_the_same_audio_as_torch(demo_dir, runtime, nois
         assert np.abs(got[join:] - offline(snac, frames)[join:]).max() <= 1e-5 * np.abs(ref).max()
 
 
-def test_the_graph_is_exported_once_and_reused(demo_dir):
+def test_the_graph_is_exported_once_and_reused(snac_dir):
     runtime_or_skip("onnxruntime")
-    model = StreamingSnac(configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)).eval()
+    model = StreamingSnac(configure_noise(checkpoint.load_snac(snac_dir), False)).eval()
     first = codec_onnx.OnnxRunner(model, CACHE, "stream").path
     stamp = first.stat().st_mtime_ns
     again = codec_onnx.OnnxRunner(model, CACHE, "stream").path
@@ -52,7 +52,7 @@ def test_the_graph_is_exported_once_and_reused(demo_dir):
     assert codec_onnx.graph_key(model, "stream") != codec_onnx.graph_key(model, "offline")
 
 
-def test_runtime_choice_and_clear_refusals(demo_dir):
+def test_runtime_choice_and_clear_refusals(snac_dir):
     runtime_or_skip("onnxruntime")
     assert resolve_runtime("auto", "cpu") == "onnxruntime"
     assert resolve_runtime("auto", "cuda") == "torch"
@@ -60,7 +60,7 @@ def test_runtime_choice_and_clear_refusals(demo_dir):
     with pytest.raises(CodecError, match="CPU only"):
         resolve_runtime("onnxruntime", "cuda")
     cfg = load_config(None, {"codec.runtime": "onnxruntime", "codec.onnx_dir": str(CACHE)})
-    snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)
+    snac = configure_noise(checkpoint.load_snac(snac_dir), False)
     codec = build_codec(cfg.codec, snac, "cpu", snac.quantizer.quantizers[0].codebook.weight.dtype)
     assert codec.stats().runtime == "onnxruntime" and codec.stats().mode == "stream"
     window = build_codec(load_config(None, {"codec.mode": "window"}).codec, snac, "cpu", codec.dtype)

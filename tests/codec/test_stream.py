@@ -126,11 +126,11 @@ def test_many_cancelled_streams_free_every_state(codec):
     assert all(s.plan(1) is None for s in streams)  # a closed stream plans nothing more
 
 
-def test_decoder_noise_is_seedable(demo_dir):
+def test_decoder_noise_is_seedable(snac_dir):
     frames = random_frames(5, seed=4)
 
     def run(seed, noise=True):
-        snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), noise, seed)  # (the warm-up's offline decode)
+        snac = configure_noise(checkpoint.load_snac(snac_dir), noise, seed)  # (the warm-up's offline decode)
         chunks, _ = feed(StreamCodec(StreamingSnac(snac), noise_seed=seed), frames, StreamSettings(), [1] * 5)
         return np.concatenate(chunks)
 

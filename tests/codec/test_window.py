@@ -86,15 +86,15 @@ def test_sessions_flushing_together_share_one_batched_snac_call(quiet_snac):
         assert np.abs(audio[F:] - ref[F : len(audio)]).max() < 1e-4  # batched == alone
 
 
-def test_noise_can_be_seeded_or_switched_off(demo_dir):
+def test_noise_can_be_seeded_or_switched_off(snac_dir):
     from lyre.model import checkpoint
 
     frames = random_frames(3, seed=9)
-    noisy = checkpoint.load_snac(demo_dir / "snac")
+    noisy = checkpoint.load_snac(snac_dir)
     a, b = offline(noisy, frames), offline(noisy, frames)
     assert np.abs(a - b).max() > 1e-3  # SNAC draws fresh noise on every decode
-    seeded1 = offline(configure_noise(checkpoint.load_snac(demo_dir / "snac"), True, seed=5), frames)
-    seeded2 = offline(configure_noise(checkpoint.load_snac(demo_dir / "snac"), True, seed=5), frames)
+    seeded1 = offline(configure_noise(checkpoint.load_snac(snac_dir), True, seed=5), frames)
+    seeded2 = offline(configure_noise(checkpoint.load_snac(snac_dir), True, seed=5), frames)
     assert np.array_equal(seeded1, seeded2)
-    off = configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)
+    off = configure_noise(checkpoint.load_snac(snac_dir), False)
     assert np.array_equal(offline(off, frames), offline(off, frames))

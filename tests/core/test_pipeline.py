@@ -21,8 +21,8 @@ FRAME_S = F / orpheus.SAMPLE_RATE
 
 
 @pytest.fixture(scope="module")
-def model(demo_dir):
-    return StreamingSnac(configure_noise(checkpoint.load_snac(demo_dir / "snac"), False)).eval()
+def model(snac_dir):
+    return StreamingSnac(configure_noise(checkpoint.load_snac(snac_dir), False)).eval()
 
 
 def session(name: str, pipeline: AudioPipeline, events: list) -> Session:
@@ -116,7 +116,7 @@ def test_a_session_whose_frames_wait_for_the_codec_is_backlogged(model):
     assert not pipeline.backlogged(s)
 
 
-def test_with_overlap_the_codec_decodes_on_its_own_thread_and_delivers_every_frame(model, demo_dir):
+def test_with_overlap_the_codec_decodes_on_its_own_thread_and_delivers_every_frame(model, snac_dir):
     from lyre.codec import configure_noise
     from tests.support.codec import offline
 
@@ -137,7 +137,7 @@ def test_with_overlap_the_codec_decodes_on_its_own_thread_and_delivers_every_fra
     pipeline.shutdown()
     audio = np.concatenate([e.pcm for e in events if isinstance(e, ChunkEvent)])
     assert len(audio) == 10 * F and s in finished
-    ref = offline(configure_noise(checkpoint.load_snac(demo_dir / "snac"), False), frames)
+    ref = offline(configure_noise(checkpoint.load_snac(snac_dir), False), frames)
     join = s.segments[0].decoder.provisional_end + 256
     assert np.abs(audio[join:] - ref[join:]).max() <= 1e-5 * np.abs(ref).max()
 

@@ -50,7 +50,7 @@ def test_stream_delivers_int16_chunks_back_to_back_with_metrics():
     assert "lyre_ttfb_seconds_count 1.0" in exposition and "lyre_tokens_total 42.0" in exposition
 
 
-def test_streamed_audio_equals_an_offline_decode_of_the_same_tokens(demo_dir):
+def test_streamed_audio_equals_an_offline_decode_of_the_same_tokens(demo_dir, snac_dir):
     text, seed = "Hello there, how are you?", 11
 
     async def go():
@@ -67,7 +67,7 @@ def test_streamed_audio_equals_an_offline_decode_of_the_same_tokens(demo_dir):
     while engine.has_work():
         tokens += [t for d in engine.step() for t in d.token_ids]
     frames = orpheus.AudioTokenParser().feed(tokens)
-    snac = configure_noise(checkpoint.load_snac(demo_dir / "snac"), enabled=False)
+    snac = configure_noise(checkpoint.load_snac(snac_dir), enabled=False)  # the service's: the narrow one
     with torch.inference_mode():
         ref = snac.decode([torch.from_numpy(c)[None] for c in orpheus.frames_to_codes(frames)])[0, 0].numpy()
     ref16 = (np.clip(ref, -1, 1) * 32767).round()

@@ -36,6 +36,7 @@ import requests
 import requests.adapters
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.support.narrow_codec import narrow_codec
 from tests.support.paths import CONFIG_PATH, DEMO_DIR, REPO_ROOT
 from tests.support.services import SHARED
 from tests.support.waiting import until
@@ -61,7 +62,8 @@ def base_settings(data_dir: str) -> list[str]:
     """The settings every test server starts with (``--set`` form), before a test's own."""
     return [f"model.demo_dir={DEMO_DIR}", f"sampling.max_tokens={MAX_TOKENS}", f"sampling.min_tokens={MAX_TOKENS}",
             "codec.noise=false", "scheduler.max_concurrent_sessions=8", "scheduler.max_batch_size=8",
-            "kv_cache.max_seq_len=1024", f"data_dir={data_dir}"]  # its own voices database and audit trail
+            "kv_cache.max_seq_len=1024", f"data_dir={data_dir}",
+            f"codec.path={narrow_codec()}"]  # (the tests' narrow SNAC: tests/support/narrow_codec.py)  # its own voices database and audit trail
 
 
 class Asking:

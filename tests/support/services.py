@@ -12,6 +12,7 @@ import tempfile
 from lyre.model import orpheus
 from lyre.service import runtime
 from lyre.service.tts import TTSService
+from tests.support.narrow_codec import narrow_codec
 from tests.support.paths import CONFIG_PATH, REPO_ROOT
 
 F = orpheus.SAMPLES_PER_FRAME
@@ -20,8 +21,8 @@ SHARED = runtime.Shared()
 
 
 def service(**overrides) -> TTSService:
-    """The demo service; utterances are exactly max_tokens long (min_tokens holds back the stop)."""
-    base = {"model.demo_dir": DEMO, "codec.noise": False, "sampling.max_tokens": 42,
+    """The demo service (with the tests' narrow SNAC: tests/support/narrow_codec.py); utterances are exactly max_tokens long (min_tokens holds back the stop)."""
+    base = {"model.demo_dir": DEMO, "codec.path": str(narrow_codec()), "codec.noise": False, "sampling.max_tokens": 42,
             "scheduler.max_concurrent_sessions": 8, "scheduler.max_batch_size": 8, "kv_cache.max_seq_len": 512,
             "data_dir": tempfile.mkdtemp(prefix="lyre-data-")}  # its own voices database
     merged = {**base, **overrides}
