@@ -149,6 +149,18 @@ class _LyreInfo:
                 logging.getLogger("lyre").setLevel(cls.saved)
 
 
+def _forget_stopped_apps() -> None:
+    """aiohttp caches the middleware chain of each (handler, application) pair in a module-level LRU
+    of 1,024 entries: every stopped server's application, and through it its TTSService (~140 MB:
+    engine, KV cache, database), would stay alive for the rest of the run. (A server process has
+    one application: nothing to forget there.)"""
+    from aiohttp import web_app
+
+    cache = getattr(web_app, "_cached_build_middleware", None)
+    if cache is not None:
+        cache.cache_clear()
+
+
 @dataclass(eq=False)
 class InProcessServer(Asking):
     """A TTSService behind its real listeners, on an event loop in a thread of its own. Start it with
@@ -223,6 +235,7 @@ class InProcessServer(Asking):
     def _release(self) -> None:
         logging.getLogger().removeHandler(self._capture)
         _LyreInfo.leave()
+        _forget_stopped_apps()
 
     # what a test does to it
 
