@@ -67,7 +67,7 @@ def test_runtime_choice_and_clear_refusals(snac_dir):
     assert window.stats().mode == "window"
 
 
-def test_prepare_exports_what_the_configured_runtime_needs(capsys):
+def test_prepare_exports_what_the_configured_runtime_needs(snac_dir, capsys):
     """``lyre codec prepare``: once as a user runs it (the one such process of the suite), then its
     ``main(argv)`` in-process."""
     import subprocess
@@ -75,8 +75,9 @@ def test_prepare_exports_what_the_configured_runtime_needs(capsys):
 
     from lyre.tools.codec import main
 
-    run = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", "codec.noise=false"],
-                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    # the graphs the tests' servers decode with (exported once for both: the narrow SNAC, no noise)
+    run = subprocess.run([sys.executable, "-m", "lyre", "codec", "prepare", "--set", f"codec.path={snac_dir}",
+                          "--set", "codec.noise=false"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "codec ready: stream mode, onnxruntime" in run.stdout
     assert main(["prepare", "--set", "codec.mode=window"]) == 0
