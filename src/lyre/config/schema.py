@@ -169,6 +169,13 @@ class ServerConfig(Section):
     max_contexts_per_socket: int = Field(8, ge=1, le=1024)  # utterances open at once on one WebSocket
     ws_idle_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)  # a WebSocket with nothing to say is closed
     max_connections_per_client: int = Field(64, ge=0, le=100_000)  # open requests + sockets per address; 0 = off
+    # gRPC connections (grpcio's own options): calls open at once on one connection, a connection
+    # with no call for this long is closed, and one older than this is asked to reconnect (its calls
+    # get grpc_max_connection_age_grace_s to end); 0 = no limit
+    grpc_max_streams_per_connection: int = Field(32, ge=1, le=100_000)
+    grpc_max_connection_idle_s: float = Field(300.0, ge=0.0, le=86400.0)
+    grpc_max_connection_age_s: float = Field(3600.0, ge=0.0, le=7 * 86400.0)
+    grpc_max_connection_age_grace_s: float = Field(600.0, ge=0.0, le=86400.0)
 
 
 class VoicesConfig(Section):

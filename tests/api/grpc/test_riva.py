@@ -126,6 +126,7 @@ def test_request_id_is_echoed(server):
     ({"custom_configuration": {"temperature": "9"}}, grpc.StatusCode.INVALID_ARGUMENT, "out of range"),
     ({"sample_rate_hz": 4000}, grpc.StatusCode.INVALID_ARGUMENT, "8000"),
     ({"encoding": 7}, grpc.StatusCode.INVALID_ARGUMENT, "OGGOPUS"),
+    ({"text": "word " * 60_000}, grpc.StatusCode.INVALID_ARGUMENT, "(server.max_body_bytes)"),  # 300 kB
 ])
 def test_bad_requests_get_riva_status_codes_on_both_calls(tts, server, kwargs, code, words):
     kwargs = {"text": "Fine text.", **kwargs}

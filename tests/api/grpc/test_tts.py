@@ -166,3 +166,45 @@ def test_a_call_hung_up_while_held_by_backpressure_leaves_nothing_in_flight():
         mark = srv.log_mark()
         assert srv.stop() == 0
         assert "draining 0 in-flight request(s)" in srv.log(since=mark)
+
+
+def test_a_message_over_its_methods_limit_is_refused_by_name_and_the_server_serves_on(server):
+    big = "word " * 60_000  # 300 kB of text: over server.max_body_bytes (262144), under grpcio's own cap
+
+    async def go(stub, _):
+        refused = []
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await stub.Synthesize(tts_pb2.SynthesizeRequest(text=big))
+        refused.append(e.value)
+
+        async def requests():  # a later message of a stream, too
+            yield tts_pb2.StreamingSynthesizeRequest(config=tts_pb2.StreamingConfig(voice="tara"))
+            yield tts_pb2.StreamingSynthesizeRequest(text=big)
+
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            [c async for c in stub.StreamingSynthesize(requests())]
+        refused.append(e.value)
+        return refused, await stub.Synthesize(tts_pb2.SynthesizeRequest(text="Hello"))
+
+    refused, after = call(server, go)
+    for error in refused:
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # not to be retried as it is
+        assert "bytes; at most 262144 are taken (server.max_body_bytes)" in error.details()
+    assert "SynthesizeRequest message is" in refused[0].details()
+    assert len(after.audio) == 4 * 2048 * 2  # the server serves on
+    assert server.eventually_idle()["kv_cache"]["free_slots"] == 8
+
+
+def test_connection_limits_are_grpcios_own_options():
+    from lyre.api.grpc.server import grpc_options
+    from lyre.config import load_config
+
+    options = dict(grpc_options(load_config(None, {
+        "server.grpc_max_streams_per_connection": 5, "server.grpc_max_connection_idle_s": 0,
+        "server.grpc_max_connection_age_s": 60, "server.grpc_max_connection_age_grace_s": 2.5,
+        "server.max_body_bytes": 100_000, "voices.max_upload_bytes": 2_000_000})))
+    assert options["grpc.max_concurrent_streams"] == 5
+    assert options["grpc.max_connection_idle_ms"] == 2**31 - 1  # 0: never
+    assert options["grpc.max_connection_age_ms"] == 60_000 and options["grpc.max_connection_age_grace_ms"] == 2500
+    assert options["grpc.max_receive_message_length"] == 2_000_000 + 64 * 1024  # an enrollment's audio and its fields
+    assert options["grpc.keepalive_permit_without_calls"] == 0

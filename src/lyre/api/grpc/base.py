@@ -17,7 +17,8 @@ from google.protobuf.message import DecodeError
 
 from lyre.api.common import DRAIN_TIMEOUT, InFlight, classify, encode, finish, peer_address
 from lyre.audio.formats import AudioEncoder, AudioFormatError
-from lyre.errors import LyreError, TooManyConnections
+from lyre.config import LyreConfig
+from lyre.errors import InvalidRequest, LyreError, TooManyConnections, UploadTooLarge
 from lyre.service.tts import TTSService
 from lyre.service.utterance import Utterance
 from lyre.trust.accounts import Accounts
@@ -27,18 +28,42 @@ log = logging.getLogger("lyre.grpc")
 
 @dataclass
 class Undecodable:
-    """A request message that did not parse (handed to the method, which answers INVALID_ARGUMENT)."""
+    """A request message that did not parse, or is larger than its method takes (handed to the
+    method, which answers with :meth:`refusal`: INVALID_ARGUMENT either way)."""
 
     type_name: str
     error: str
+    too_large: bool = False
+
+    def refusal(self) -> LyreError:
+        if self.too_large:
+            return UploadTooLarge(self.error)
+        return InvalidRequest(f"the request is not a valid {self.type_name} message: {self.error}")
 
 
-def _decoder(cls: Any):
+# the methods whose messages carry an audio file (voices.max_upload_bytes), not only text and options
+AUDIO_METHODS = frozenset({"EnrollVoice"})
+
+
+def message_limit(cfg: LyreConfig, method: str) -> int:
+    """The largest request message ``method`` takes, in bytes: server.max_body_bytes, or for a method
+    that carries an audio file, voices.max_upload_bytes and room for its other fields."""
+    if method in AUDIO_METHODS:
+        return max(cfg.server.max_body_bytes, cfg.voices.max_upload_bytes + 64 * 1024)
+    return cfg.server.max_body_bytes
+
+
+def _decoder(cls: Any, limit: int, setting: str):
+    name = cls.DESCRIPTOR.name
+
     def decode(data: bytes) -> Any:
+        if len(data) > limit:  # (received whole already: grpc.max_receive_message_length bounds that)
+            return Undecodable(name, f"the {name} message is {len(data)} bytes; at most {limit} are taken "
+                                     f"({setting})", too_large=True)
         try:
             return cls.FromString(data)
         except DecodeError as e:
-            return Undecodable(cls.DESCRIPTOR.name, str(e))
+            return Undecodable(name, str(e))
 
     return decode
 
@@ -56,8 +81,8 @@ class Servicer:
         """Every call: a message that decodes, the API key (yields its account), not draining, the
         client's limit; then Lyre's errors become status codes."""
         if isinstance(request, Undecodable):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"the request is not a valid {request.type_name} message: {request.error}")
+            refusal = request.refusal()
+            await context.abort(getattr(grpc.StatusCode, classify(refusal).grpc_status), str(refusal))
         metadata = dict(context.invocation_metadata())
         account = self.accounts.account(metadata.get("authorization"))
         if account is None:
@@ -109,15 +134,18 @@ async def utterance_audio(utterance: Utterance, encoder: AudioEncoder,
 
 def handlers(servicer: Servicer, service: Any, messages: Any) -> grpc.GenericRpcHandler:
     """The method handlers of ``service`` (a ServiceDescriptor whose messages are in the generated
-    module ``messages``), with request decoders that hand undecodable messages to the method (so
-    they get INVALID_ARGUMENT, not UNKNOWN)."""
+    module ``messages``), with request decoders that hand undecodable messages, and messages over the
+    method's :func:`message_limit`, to the method (so they get INVALID_ARGUMENT, not UNKNOWN)."""
     kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
              (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    cfg = servicer.service.config
     table = {}
     for method in service.methods:
         make = kinds[(method.client_streaming, method.server_streaming)]
+        setting = "voices.max_upload_bytes" if method.name in AUDIO_METHODS else "server.max_body_bytes"
         table[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=_decoder(getattr(messages, method.input_type.name)),
+            request_deserializer=_decoder(getattr(messages, method.input_type.name), message_limit(cfg, method.name),
+                                          setting),
             response_serializer=getattr(messages, method.output_type.name).SerializeToString)
     return grpc.method_handlers_generic_handler(service.full_name, table)

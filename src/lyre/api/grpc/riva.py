@@ -137,7 +137,7 @@ class RivaSpeechSynthesis(Servicer):
             if first is None:
                 raise InvalidRequest("no request: send a SynthesizeSpeechRequest")
             if isinstance(first, Undecodable):
-                raise InvalidRequest(f"the request is not a valid {first.type_name} message: {first.error}")
+                raise first.refusal()
             s = settings(first, self.service)
             voice = await self.service.voices.resolve(s.voice, account)
             utterance = self.service.utterance(voice, account=account, protocol="riva", **s.sampling)
@@ -180,7 +180,7 @@ async def _read_texts(first: Any, requests: AsyncIterator[Any], utterance: Any) 
                 utterance.flush()
             message = await anext(requests, None)
             if isinstance(message, Undecodable):
-                raise InvalidRequest(f"the request is not a valid {message.type_name} message: {message.error}")
+                raise message.refusal()
         utterance.end()
     except BaseException:
         utterance.cancel()

@@ -1,8 +1,8 @@
 """gRPC front end (grpc.aio): ``lyre.v1.TextToSpeech`` (:mod:`.tts`) and NVIDIA Riva's TTS API
 (:mod:`.riva`) on one port, plus standard health checking and reflection.
 
-Errors map to status codes: INVALID_ARGUMENT (bad options, and messages that do not decode, e.g.
-bad UTF-8), NOT_FOUND (voice), RESOURCE_EXHAUSTED (overload, too many calls from one client),
+Errors map to status codes: INVALID_ARGUMENT (bad options, messages that do not decode, e.g.
+bad UTF-8, and messages over their method's size limit), NOT_FOUND (voice), RESOURCE_EXHAUSTED (overload, too many calls from one client),
 UNAVAILABLE (shutting down), CANCELLED, DEADLINE_EXCEEDED, UNAUTHENTICATED (api key), INTERNAL.
 A client that cancels or whose deadline passes cancels its synthesis, which frees the KV slot at
 the next step.
@@ -19,7 +19,8 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 
 from lyre.api.common import InFlight
 from lyre.api.grpc import riva, tts
-from lyre.api.grpc.base import handlers
+from lyre.api.grpc.base import handlers, message_limit
+from lyre.config import LyreConfig
 from lyre.service.tts import TTSService
 
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
@@ -34,11 +35,32 @@ def _reflection_v1(reflector: reflection.aio.ReflectionServicer) -> grpc.Generic
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
 
 
+def grpc_options(cfg: LyreConfig) -> list[tuple[str, int]]:
+    """grpcio's channel arguments for the server: what a connection may hold and for how long."""
+    s = cfg.server
+
+    def ms(seconds: float) -> int:  # grpcio: INT_MAX ms is "never"
+        return int(seconds * 1000) if seconds > 0 else 2**31 - 1
+
+    return [
+        # the largest message of any method (an enrollment's audio); each method then holds its own
+        # messages to its limit (base.handlers: server.max_body_bytes for all but EnrollVoice)
+        ("grpc.max_receive_message_length", message_limit(cfg, "EnrollVoice")),
+        ("grpc.max_concurrent_streams", s.grpc_max_streams_per_connection),
+        ("grpc.max_connection_idle_ms", ms(s.grpc_max_connection_idle_s)),
+        ("grpc.max_connection_age_ms", ms(s.grpc_max_connection_age_s)),
+        ("grpc.max_connection_age_grace_ms", ms(s.grpc_max_connection_age_grace_s)),
+        # keepalive enforcement, grpcio's defaults made explicit: a client pinging more often than every
+        # 5 minutes without a call, or at all between calls, is sent GOAWAY after 2 strikes
+        ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+
+
 async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int) -> tuple[grpc.aio.Server, int, HealthServicer]:
     """Start the gRPC server; returns it, the bound port and its health servicer."""
-    # a message up to server.max_body_bytes, or an enrollment's audio (voices.max_upload_bytes)
-    limit = max(service.config.server.max_body_bytes, service.config.voices.max_upload_bytes + 64 * 1024)
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit)])
+    server = grpc.aio.server(options=grpc_options(service.config))
     server.add_generic_rpc_handlers((handlers(tts.TextToSpeech(service, inflight), tts.SERVICE, tts.tts_pb2),
                                      riva.handlers(service, inflight)))
     health = HealthServicer()

@@ -106,7 +106,7 @@ class TextToSpeech(VoiceMethods, Servicer):
         async with self._serving(context) as account:
             first = await anext(request_iterator, None)
             if isinstance(first, Undecodable):
-                raise InvalidRequest(f"the request is not a valid {first.type_name} message: {first.error}")
+                raise first.refusal()
             if first is None or first.WhichOneof("request") != "config":
                 raise InvalidRequest("the first message must be a StreamingConfig")
             config = first.config
@@ -142,7 +142,7 @@ async def _read_text(requests: AsyncIterator[Any], utterance: Utterance) -> None
     try:
         async for message in requests:
             if isinstance(message, Undecodable):
-                raise InvalidRequest(f"the request is not a valid {message.type_name} message: {message.error}")
+                raise message.refusal()
             kind = message.WhichOneof("request")
             if kind == "config":
                 raise InvalidRequest("only the first message may be a config")
