@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pyloudnorm
@@ -43,6 +44,26 @@ def test_any_format_rate_and_channels_become_a_normalised_24k_mono_flac(fmt, rat
 def test_unusable_uploads_are_refused_clearly(data, error, message):
     with pytest.raises(error, match=message):
         prepare_clip(data, LIMITS)
+
+
+def wav(pcm: np.ndarray, rate: int) -> bytes:
+    """(n, channels) float samples as 16-bit WAV, any channel count (libsndfile)."""
+    buf = io.BytesIO()
+    sf.write(buf, pcm, rate, format="WAV", subtype="PCM_16")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("data, message, from_header", [
+    (wav(np.tile(speechlike(5.0, 16000).T, (1, 8)), 16000), "8 channels; at most 2 (mono or stereo)", True),
+    (wav(speechlike(5.0, 96000).T, 96000), "sample rate is 96000 Hz; at most 48000 Hz", True),
+    (wav(speechlike(60.0, 8000).T, 8000), "declares 60.0 s of audio; a reference clip must last at most 30 s", False),
+])
+def test_what_an_upload_declares_is_refused_before_its_samples_are_decoded(data, message, from_header):
+    """Channels and rate are read from the header: a file cut off after it (its samples never
+    decoded) gets the same refusal. (A cut WAV's duration is what its bytes hold: FFmpeg measures it.)"""
+    for upload in (data, data[:4096]) if from_header else (data,):
+        with pytest.raises(InvalidAudio, match=re.escape(message)):
+            prepare_clip(upload, LIMITS)
 
 
 def test_an_upload_over_the_byte_limit_is_refused_before_decoding():

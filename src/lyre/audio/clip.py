@@ -1,7 +1,8 @@
 """A reference clip for cloning, from an uploaded audio file.
 
 Any container and codec FFmpeg reads (WAV, FLAC, MP3, Ogg/Opus, ...), any sample rate, mono or
-stereo: decoded by PyAV, downmixed to mono, resampled to 24 kHz by soxr, checked (duration, not
+stereo (at most 48 kHz: checked from the header before any sample is decoded): decoded by PyAV,
+downmixed to mono, resampled to 24 kHz by soxr, checked (duration, not
 silent, not clipping only), loudness-normalised to -20 LUFS (ITU-R BS.1770, pyloudnorm) with peaks
 kept under -1 dBFS, and stored as 16-bit FLAC. Every refusal is an :class:`InvalidAudio` (422) or
 :class:`UploadTooLarge` (413) whose message says what was wrong and what is accepted.
@@ -29,6 +30,10 @@ MAX_CLIPPED_SHARE = 0.05  # more than this share of samples at full scale: clipp
 # the containers an upload may be (FFmpeg probes only these: playlists and ffconcat files, which
 # name other files to read, are never opened)
 FORMATS = "wav,w64,flac,mp3,ogg,mov,mp4,m4a,3gp,matroska,webm,aiff,caf,aac,amr,au,avi,asf,mpeg"
+# what an upload may be, checked from its header before any sample is decoded (and on every frame:
+# a header can lie), so that what decoding holds in memory is bounded by max_seconds at these
+MAX_CHANNELS = 2
+MAX_RATE = 48000
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ def prepare_clip(data: bytes, limits: VoicesConfig) -> ReferenceClip:
                              "(voices.max_upload_bytes)")
     if not data:
         raise InvalidAudio("the audio file is empty")
-    pcm, rate = decode(data, limits.max_seconds + 1.0)
+    pcm, rate = decode(data, limits.max_seconds + 1.0, longest=limits.max_seconds)
     seconds = pcm.size / rate
     if not limits.min_seconds <= seconds <= limits.max_seconds:
         raise InvalidAudio(f"the clip is {seconds:.1f} s long; a reference clip must last {limits.min_seconds:g} to "
@@ -68,9 +73,11 @@ def prepare_clip(data: bytes, limits: VoicesConfig) -> ReferenceClip:
     return ReferenceClip(pcm, flac, hashlib.sha256(flac).hexdigest(), hashlib.sha256(data).hexdigest())
 
 
-def decode(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
+def decode(data: bytes, max_seconds: float, longest: float | None = None) -> tuple[np.ndarray, int]:
     """(samples (N,) float32 mono, sample rate) of the first audio stream; decoding stops past
-    ``max_seconds`` (the caller refuses the clip as too long)."""
+    ``max_seconds`` (the caller refuses the clip as too long). Refused before decoding: more than
+    :data:`MAX_CHANNELS` channels or a rate over :data:`MAX_RATE`, and, with ``longest``, a file
+    that declares a duration past it."""
     import av
 
     try:
@@ -78,8 +85,14 @@ def decode(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
             if not container.streams.audio:
                 raise InvalidAudio("the file holds no audio stream")
             stream = container.streams.audio[0]
+            _check_layout(stream.codec_context.channels, stream.codec_context.sample_rate)
+            declared = _declared_seconds(container, stream)
+            if longest is not None and declared is not None and declared > longest + 1.0:
+                raise InvalidAudio(f"the file declares {declared:.1f} s of audio; a reference clip must last at most "
+                                   f"{longest:g} s (voices.max_seconds)")
             parts, total, rate = [], 0, None
             for frame in container.decode(stream):
+                _check_layout(frame.layout.nb_channels, frame.sample_rate)
                 x = frame.to_ndarray()  # (channels, n) planar, or (1, n * channels) packed
                 if not frame.format.is_planar:
                     x = x.reshape(-1, frame.layout.nb_channels).T
@@ -96,6 +109,22 @@ def decode(data: bytes, max_seconds: float) -> tuple[np.ndarray, int]:
     if not parts or rate is None:
         raise InvalidAudio("the file holds no audio samples")
     return np.concatenate(parts).astype(np.float32), int(rate)
+
+
+def _check_layout(channels: int, rate: int) -> None:
+    if channels > MAX_CHANNELS:
+        raise InvalidAudio(f"the audio has {channels} channels; at most {MAX_CHANNELS} (mono or stereo) are accepted")
+    if rate > MAX_RATE:
+        raise InvalidAudio(f"the audio's sample rate is {rate} Hz; at most {MAX_RATE} Hz is accepted")
+
+
+def _declared_seconds(container, stream) -> float | None:
+    """The duration the file's header gives (the stream's, else the container's), if any."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / 1_000_000  # (FFmpeg's AV_TIME_BASE: microseconds)
+    return None
 
 
 def _as_float(x: np.ndarray) -> np.ndarray:

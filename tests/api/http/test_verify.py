@@ -3,9 +3,12 @@ the mark; other audio does not; bad uploads get a clear error."""
 
 from __future__ import annotations
 
+import io
 import struct
 
+import numpy as np
 import requests
+import soundfile
 from openai import OpenAI
 
 from tests.support.audio_files import audio_file, speechlike
@@ -48,6 +51,10 @@ def test_bad_uploads_get_a_clear_error(server):
     assert status == 422 and body["error"]["code"] == "invalid_audio"
     status, body = verify(server, files={"wrong": ("x.wav", b"RIFF", "audio/wav")})
     assert status == 400 and "'audio'" in body["error"]["message"]
+    eight = io.BytesIO()  # 8 channels: refused from its header, before its samples are decoded
+    soundfile.write(eight, np.zeros((16000, 8), np.float32), 16000, format="WAV", subtype="PCM_16")
+    status, body = verify(server, data=eight.getvalue())
+    assert status == 422 and "8 channels; at most 2" in body["error"]["message"]
 
 
 def test_a_tempo_change_keeps_the_mark_and_a_large_raw_body_is_read_whole(server):
