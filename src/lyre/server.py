@@ -27,6 +27,7 @@ import grpc
 from aiohttp import web
 from grpc_health.v1._async import HealthServicer
 
+from lyre.api import log_storms
 from lyre.api.common import InFlight
 from lyre.api.grpc.server import follow_readiness, start_grpc
 from lyre.api.http.app import create_app
@@ -58,6 +59,7 @@ async def listen(service: TTSService, host: str, http_port: int, grpc_port: int 
     """Open the listeners of a started ``service``: ``http_port`` 0 takes any free port; ``grpc_port``
     None serves no gRPC, 0 any free port."""
     cfg = service.config.server
+    log_storms.install()  # what clients can make aiohttp and asyncio log: one line per cause per minute
     inflight = InFlight(cfg.max_connections_per_client, cfg.trusted_proxies)
     runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
     await runner.setup()
