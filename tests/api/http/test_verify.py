@@ -4,6 +4,7 @@ the mark; other audio does not; bad uploads get a clear error."""
 from __future__ import annotations
 
 import io
+import socket
 import struct
 
 import numpy as np
@@ -75,3 +76,20 @@ def test_a_playlist_that_names_other_files_is_not_opened(server):
     for upload in (b"ffconcat version 1.0\nfile README.md\n", b"#EXTM3U\n#EXTINF:1,\nREADME.md\n"):
         status, body = verify(server, data=upload)
         assert status == 422 and body["error"]["code"] == "invalid_audio", body
+
+
+def test_uploads_that_stall_mid_body_hold_no_place(server):
+    """Two verifications decode at once; an upload that stops sending holds its connection only."""
+    host, port = server.http.removeprefix("http://").rsplit(":", 1)
+    stalled = []
+    try:
+        for _ in range(3):  # more than the places
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(b"POST /v1/audio/verify HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
+                      b"Content-Length: 500000\r\n\r\nRIFF")  # ... and nothing more
+            stalled.append(s)
+        status, body = verify(server, data=audio_file(speechlike(3.0, 16000), 16000, "wav"))
+        assert status == 200 and body["watermarked"] is False, body
+    finally:
+        for s in stalled:
+            s.close()

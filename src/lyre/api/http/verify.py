@@ -18,26 +18,41 @@ from lyre.errors import InvalidRequest, OverloadedError, UploadTooLarge
 
 MAX_SECONDS = 120.0  # longer uploads are checked on their first two minutes
 CONCURRENT = 2  # verifications decoding at once (each can take a second of CPU); more get 429
-_running = 0
+
+
+class Places:
+    """The verifications decoding at once in one application. A place is taken once the upload has
+    been read, for the decoding and the detection only: an upload that stalls mid-body holds its
+    connection, never a place (two stalled uploads held both, and everyone got 429)."""
+
+    def __init__(self, n: int = CONCURRENT) -> None:
+        self.n, self.taken = n, 0
+
+    def __enter__(self) -> Places:
+        if self.taken >= self.n:
+            raise OverloadedError(1.0)
+        self.taken += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.taken -= 1
+
+
+PLACES = web.AppKey("verify_places", Places)
 
 
 def routes(app: web.Application) -> None:
+    app[PLACES] = Places()
     app.router.add_post("/v1/audio/verify", verify)
 
 
 async def verify(request: web.Request) -> web.Response:
-    global _running
     draining(request)
     service = request.app[SERVICE]
-    if _running >= CONCURRENT:
-        raise OverloadedError(1.0)
-    _running += 1
-    try:
-        data = await _upload(request, service.config.voices.max_upload_bytes)
+    data = await _upload(request, service.config.voices.max_upload_bytes)
+    with request.app[PLACES]:
         pcm, rate = await asyncio.to_thread(decode, data, MAX_SECONDS)
         found = await asyncio.to_thread(service.watermark.detect, pcm, rate)
-    finally:
-        _running -= 1
     return web.json_response({"watermarked": found.watermarked, "score": round(found.score, 2),
                               "threshold": found.threshold, "seconds": round(found.seconds, 3)})
 
