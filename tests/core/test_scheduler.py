@@ -177,6 +177,32 @@ def test_a_client_reading_at_playback_speed_is_never_cut_off_and_its_backlog_sta
     assert clock() - s.created > 20.0  # it ran far longer than session_timeout_s: only a lack of progress counts
 
 
+def test_a_listener_does_not_pay_for_its_servers_stall():
+    """The engine thread held for 5 s (a step that took far longer than the audio it had to cover, a
+    starved process) while its client, a player, played out what it had and then waited: the
+    listener's clock waited with the server, so the player (back at playback speed once audio
+    comes again) is not cut as a slow consumer."""
+    sch, engine, clock, gate = make(capacity=2, tokens=7 * 300, consumer_timeout_s=2.0, session_timeout_s=30.0,
+                                    max_buffer_s=1.0)
+    s, events = open_session(sch, gate, clock, "listener", reads=False)
+
+    def play(seconds: float, dt: float = 0.002) -> None:  # reads at playback speed what has come, never more
+        for _ in range(int(seconds / dt)):
+            sch.step()
+            clock.advance(dt)
+            if s.first_audio_at is not None:
+                s.consumed_samples = min(s.audio_samples, s.consumed_samples + round(dt * 24000))
+            if s.status != "active":
+                return
+
+    play(3.0)
+    assert s.throttled  # the server is ~1 s of audio ahead of its player: it waits on the client ...
+    clock.advance(5.0)  # ... then stalls itself for 5 s: no step
+    s.consumed_samples = s.audio_samples  # meanwhile the player played out all it had, and waited
+    play(60.0)
+    assert done(events).outcome == "finished" and s.audio_samples == 300 * 2048
+
+
 def test_a_client_that_stops_reading_is_cut_off_once_it_is_consumer_timeout_s_behind_its_clock():
     sch, engine, clock, gate = make(capacity=2, tokens=10_000, consumer_timeout_s=2.0, max_buffer_s=1.0)
     reader, r_events = open_session(sch, gate, clock, "reader")  # takes every chunk at once

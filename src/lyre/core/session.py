@@ -7,7 +7,9 @@ thread) only bumps ``consumed_samples``. Events go to the consumer through ``sin
 The listener's clock. From the first chunk on, a session models its listener as a real-time
 player: ``played_s`` advances with time but, like a player that waits when its buffer runs dry,
 not past the audio delivered — unless the session is *throttled* (it stopped generating because
-its client left too much audio unread): then the wait is the client's, and its clock runs on. Slack
+its client left too much audio unread): then the wait is the client's, and its clock runs on, by at
+most :data:`MAX_RUN_ON_S` between two ticks (the engine thread ticks every step: a longer gap is the
+server's lateness, which a listener never pays for). Slack
 (audio delivered minus audio played) orders decoding and chunk sizes; how far the client's reads
 are behind ``played_s`` decides whether it is a slow consumer.
 """
@@ -28,6 +30,9 @@ from lyre.model import orpheus
 log = logging.getLogger("lyre.scheduler")
 
 PENDING, ACTIVE, FINISHED, CANCELLED, FAILED = "pending", "active", "finished", "cancelled", "failed"
+# a throttled listener's clock runs past its delivered audio by at most this between two ticks
+# (steps come every few tens of ms; a step held for seconds, or a starved process, is the server's doing)
+MAX_RUN_ON_S = 0.25
 ENDED = (FINISHED, CANCELLED, FAILED)
 
 
@@ -132,8 +137,10 @@ class Session:
                 self._seen_consumed = self.consumed_samples
             return
         dt, self.clock_at = max(0.0, now - self.clock_at), now
-        if self.throttled:  # the client is the reason it waits: its clock runs on
-            self.played_s += dt
+        if self.throttled:  # the client is the reason it waits: its clock runs on past the audio, but by at
+            # most MAX_RUN_ON_S a tick: a longer gap between ticks is the server's own lateness (a long
+            # step, a starved process), and through it the listener only plays what it has
+            self.played_s = max(self.played_s + min(dt, MAX_RUN_ON_S), min(self.played_s + dt, self.audio_seconds))
         else:  # a player waits for audio that is late (without forgetting what it waited for before)
             self.played_s = max(self.played_s, min(self.played_s + dt, self.audio_seconds))
         if self.consumed_samples != self._seen_consumed:
