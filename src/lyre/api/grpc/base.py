@@ -45,12 +45,13 @@ class Undecodable:
 AUDIO_METHODS = frozenset({"EnrollVoice"})
 
 
-def message_limit(cfg: LyreConfig, method: str) -> int:
-    """The largest request message ``method`` takes, in bytes: server.max_body_bytes, or for a method
-    that carries an audio file, voices.max_upload_bytes and room for its other fields."""
+def message_limit(cfg: LyreConfig, method: str) -> tuple[int, str]:
+    """The largest request message ``method`` takes, in bytes, and the setting that says so:
+    server.max_body_bytes, or for a method that carries an audio file, voices.max_upload_bytes and
+    room for its other fields."""
     if method in AUDIO_METHODS:
-        return max(cfg.server.max_body_bytes, cfg.voices.max_upload_bytes + 64 * 1024)
-    return cfg.server.max_body_bytes
+        return max(cfg.server.max_body_bytes, cfg.voices.max_upload_bytes + 64 * 1024), "voices.max_upload_bytes"
+    return cfg.server.max_body_bytes, "server.max_body_bytes"
 
 
 def _decoder(cls: Any, limit: int, setting: str):
@@ -142,10 +143,8 @@ def handlers(servicer: Servicer, service: Any, messages: Any) -> grpc.GenericRpc
     table = {}
     for method in service.methods:
         make = kinds[(method.client_streaming, method.server_streaming)]
-        setting = "voices.max_upload_bytes" if method.name in AUDIO_METHODS else "server.max_body_bytes"
         table[method.name] = make(
             getattr(servicer, method.name),
-            request_deserializer=_decoder(getattr(messages, method.input_type.name), message_limit(cfg, method.name),
-                                          setting),
+            request_deserializer=_decoder(getattr(messages, method.input_type.name), *message_limit(cfg, method.name)),
             response_serializer=getattr(messages, method.output_type.name).SerializeToString)
     return grpc.method_handlers_generic_handler(service.full_name, table)

@@ -45,7 +45,7 @@ def grpc_options(cfg: LyreConfig) -> list[tuple[str, int]]:
     return [
         # the largest message of any method (an enrollment's audio); each method then holds its own
         # messages to its limit (base.handlers: server.max_body_bytes for all but EnrollVoice)
-        ("grpc.max_receive_message_length", message_limit(cfg, "EnrollVoice")),
+        ("grpc.max_receive_message_length", message_limit(cfg, "EnrollVoice")[0]),
         ("grpc.max_concurrent_streams", s.grpc_max_streams_per_connection),
         ("grpc.max_connection_idle_ms", ms(s.grpc_max_connection_idle_s)),
         ("grpc.max_connection_age_ms", ms(s.grpc_max_connection_age_s)),
