@@ -12,9 +12,9 @@
   (:mod:`lyre.benchmarks.fuzz`): only successes and clear client errors; health stays 200.
 
 Every phase runs against one server the benchmark starts (``lyre serve``) from the config (the
-drain, last, ends it),
-with every utterance exactly its ``max_tokens`` long (the stop id held back past the longest) so
-complete audio has a known byte count, and ``server.max_connections_per_client=0`` (every client here is one address).
+drain, last, ends it), with every utterance exactly its ``max_tokens`` long (the stop id held back
+past the longest) so complete audio has a known byte count, and
+``server.max_connections_per_client=0`` (every client here is one address).
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ def run(config: Path | None, cfg: LyreConfig, overrides: tuple[str, ...], s: Soa
         result["fuzz"] = fuzz.run(srv.http, srv.grpc, s.fuzz_examples, s.derandomize)
         result["fuzz"]["after"] = _settle(srv.http)
         result["fuzz"]["health"] = _status(srv.http + "/health")
-        result["log_errors"], lines = _error_lines(srv.log_path), _log_lines(srv.log_path)
+        before_drain = _log(srv.log_path)
+        result["log_errors"] = _errors(before_drain)
         progress("drain: SIGTERM under load")
         result["drain"] = _drain(srv, s, expected)
-        result["drain"]["log_errors"] = _error_lines(srv.log_path, since=lines)
+        result["drain"]["log_errors"] = _errors(_log(srv.log_path)[len(before_drain):])
     return result
 
 
@@ -305,13 +306,13 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
-def _log_lines(log_path: str) -> int:
-    return len(Path(log_path).read_text().splitlines())
+def _log(log_path: str) -> list[str]:
+    """The server's log so far, as lines."""
+    return Path(log_path).read_text().splitlines()
 
 
-def _error_lines(log_path: str, since: int = 0) -> list[str]:
-    """The error lines of the server's log (from line ``since``)."""
-    return [line for line in Path(log_path).read_text().splitlines()[since:] if any(m in line for m in ERROR_MARKS)]
+def _errors(lines: list[str]) -> list[str]:
+    return [line for line in lines if any(m in line for m in ERROR_MARKS)]
 
 
 # --------------------------------------------------------------------------------------------
