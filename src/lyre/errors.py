@@ -30,9 +30,20 @@ class TextTooLong(InvalidRequest):
 class OverloadedError(LyreError):
     code = "overloaded"
 
-    def __init__(self, retry_after_s: float):
-        super().__init__(f"the server is at capacity; retry after {retry_after_s:.1f} s")
+    def __init__(self, retry_after_s: float, why: str | None = None):
+        super().__init__(f"the server is at capacity{f' ({why})' if why else ''}; retry after {retry_after_s:.1f} s")
         self.retry_after_s = retry_after_s
+
+
+class QuotaExceeded(OverloadedError):
+    """An account holds its quota of something already (lyre.trust.quotas): 429, Retry-After."""
+
+    code = "quota_exceeded"
+
+    def __init__(self, account: str, key: str, limit: int, what: str, retry_after_s: float):
+        LyreError.__init__(self, f"account {account!r} is at its quota: at most {limit} {what} ({key}); retry "
+                                 f"after {retry_after_s:.1f} s")
+        self.retry_after_s, self.account, self.key = retry_after_s, account, key
 
 
 class TooManyConnections(LyreError):

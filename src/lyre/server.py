@@ -29,6 +29,7 @@ from grpc_health.v1._async import HealthServicer
 
 from lyre.api import log_storms
 from lyre.api.common import InFlight
+from lyre.api.connections import ConnectionGuard, GuardedSite, connection_caps, raise_descriptor_limit
 from lyre.api.grpc.server import follow_readiness, start_grpc
 from lyre.api.http.app import create_app
 from lyre.config import ConfigError, ServerConfig, add_config_arguments, apply_overrides, config_from_args
@@ -60,14 +61,21 @@ async def listen(service: TTSService, host: str, http_port: int, grpc_port: int 
     None serves no gRPC, 0 any free port."""
     cfg = service.config.server
     log_storms.install()  # what clients can make aiohttp and asyncio log: one line per cause per minute
+    http_cap, grpc_cap = connection_caps(cfg.max_connections, raise_descriptor_limit())
     inflight = InFlight(cfg.max_connections_per_client, cfg.trusted_proxies)
-    runner = web.AppRunner(create_app(service, inflight), access_log=None, shutdown_timeout=UNWIND_S)
+    guard = ConnectionGuard(http_cap, cfg.max_connections_per_client, cfg.header_timeout_s, cfg.body_min_bytes_per_s,
+                            inflight.address.trusted, service.metrics)
+    app = create_app(service, inflight)
+    app.middlewares.insert(0, guard.middleware)  # outermost: it sees every request the application gets
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=UNWIND_S, keepalive_timeout=cfg.keepalive_timeout_s)
     await runner.setup()
-    await web.TCPSite(runner, host, http_port).start()
+    await GuardedSite(runner, host, http_port, guard).start()
+    log.info("connections: at most %d on the REST/WebSocket port, %d on gRPC, %s per client address", http_cap,
+             grpc_cap, cfg.max_connections_per_client or "any number")
     listeners = Listeners(inflight, runner, runner.addresses[0][1] if runner.addresses else http_port)
     if grpc_port is not None:
         listeners.grpc_server, listeners.grpc_port, listeners.health = await start_grpc(service, inflight, host,
-                                                                                         grpc_port)
+                                                                                         grpc_port, grpc_cap)
         listeners.readiness = asyncio.get_running_loop().create_task(
             follow_readiness(service, inflight, listeners.health))
     return listeners

@@ -127,7 +127,12 @@ def test_the_deployment_runs_lyre_as_it_is_and_probes_what_it_serves():
     http = (REPO_ROOT / "src" / "lyre" / "api" / "http" / "app.py").read_text()
     assert 'add_get("/ready"' in http and 'add_get("/health"' in http
     env = {e["name"]: e for e in c["env"]}
-    assert "$(LYRE_DATABASE_URL)" in " ".join(args)
+    # no secret in argv (any process on the node can read it): the database URL and the API keys
+    # come from the environment, which Lyre reads itself
+    assert "database_url" not in " ".join(args) and "$(" not in " ".join(args)
+    from lyre.storage.db import DATABASE_URL_ENV
+    from lyre.trust.accounts import API_KEYS_ENV
+    assert {DATABASE_URL_ENV, API_KEYS_ENV} <= env.keys()
     secret = env["LYRE_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
     assert secret["name"] == one("Secret", K8S / "examples")["metadata"]["name"] and secret["key"] in one("Secret", K8S / "examples")["stringData"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1  # one replica per GPU

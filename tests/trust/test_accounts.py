@@ -41,3 +41,33 @@ def test_behind_a_trusted_balancer_the_client_is_the_last_untrusted_forwarded_ho
     assert ClientAddress()("10.1.2.3", "203.0.113.7") == "10.1.2.3"  # none trusted: the peer
     with pytest.raises(ConfigError, match=r"server.trusted_proxies\[0\]"):
         load_config(None, ["server.trusted_proxies=[balancer]"])
+
+
+def test_keys_can_be_given_hashed_from_a_file_and_from_the_environment(tmp_path, monkeypatch):
+    import hashlib
+
+    hashed = "sha256:" + hashlib.sha256(b"k-carol").hexdigest()
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"# the office\n{hashed} carol\nk-dave dave  # a plain key works too\n")
+    monkeypatch.setenv("LYRE_API_KEYS", "k-erin erin")
+    accounts = Accounts(ServerConfig(api_keys={"sha256:" + hashlib.sha256(b"k-alice").hexdigest(): "alice"},
+                                     api_keys_file=str(keys_file)))
+    assert accounts.account("Bearer k-alice") == "alice"  # the config holds only the key's hash
+    assert accounts.account("Bearer k-carol") == "carol" and accounts.account("Bearer k-dave") == "dave"
+    assert accounts.account("Bearer k-erin") == "erin"
+    assert accounts.account(f"Bearer {hashed}") is None  # the hash itself is not a key
+    assert accounts.names == ("alice", "carol", "dave", DEFAULT_ACCOUNT, "erin")
+
+
+def test_a_bad_keys_file_is_refused_without_showing_a_key(tmp_path, monkeypatch):
+    monkeypatch.delenv("LYRE_API_KEYS", raising=False)
+    keys_file = tmp_path / "keys"
+    keys_file.write_text("k-secret-one carol extra\n")
+    with pytest.raises(ConfigError, match="line 1: expected '<key> <account>'") as refused:
+        Accounts(ServerConfig(api_keys_file=str(keys_file)))
+    assert "k-secret" not in str(refused.value)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        Accounts(ServerConfig(api_keys_file=str(tmp_path / "missing")))
+    keys_file.write_text("k-secret bad/name\n")
+    with pytest.raises(ConfigError, match="account name 'bad/name' is not allowed"):
+        Accounts(ServerConfig(api_keys_file=str(keys_file)))

@@ -154,7 +154,7 @@ class ClientAddress:
     def __init__(self, trusted: tuple[str, ...] = ()):
         self.networks = [ipaddress.ip_network(t, strict=False) for t in trusted]
 
-    def _trusted(self, address: str) -> bool:
+    def trusted(self, address: str) -> bool:
         try:
             ip = ipaddress.ip_address(address)
         except ValueError:
@@ -162,11 +162,11 @@ class ClientAddress:
         return any(ip in n for n in self.networks)
 
     def __call__(self, peer: str | None, forwarded_for: str | None) -> str | None:
-        if not self.networks or not peer or not forwarded_for or not self._trusted(peer):
+        if not self.networks or not peer or not forwarded_for or not self.trusted(peer):
             return peer
         hops = [h.strip() for h in forwarded_for.split(",") if h.strip()]
         for hop in reversed(hops):
-            if not self._trusted(hop):
+            if not self.trusted(hop):
                 try:
                     return str(ipaddress.ip_address(hop))
                 except ValueError:

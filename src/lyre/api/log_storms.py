@@ -34,7 +34,10 @@ def _failed_accept(record: logging.LogRecord) -> bool:
 
 
 # the loggers a client can make talk, and which of their records are its doing
-STORMS: dict[str, Callable[[logging.LogRecord], bool]] = {"aiohttp.server": _bad_request, "asyncio": _failed_accept}
+STORMS: dict[str, Callable[[logging.LogRecord], bool]] = {
+    "aiohttp.server": _bad_request, "asyncio": _failed_accept,
+    "lyre.connections": lambda record: True,  # connections refused at accept or cut for slowness: all a client's doing
+}
 
 
 class StormFilter(logging.Filter):

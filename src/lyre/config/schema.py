@@ -160,6 +160,12 @@ class ServerConfig(Section):
     # API key -> account name: with keys, every request needs one, and sees only its account's cloned
     # voices (api_key, when set too, is one more key, of the account "default")
     api_keys: dict[str, str] = Field(default_factory=dict)
+    # more keys, read at start: a file of "<key> <account>" lines (a key may be given as sha256:<hex>
+    # of it, so the file holds no secret); the environment's LYRE_API_KEYS adds more in the same form
+    api_keys_file: str | None = None
+    # with keys, these accounts see every account's figures (/metrics, the engine's in /v1/stats);
+    # the others see the server's load and their own sessions
+    operator_accounts: Names = ()
     # limits a public server needs (each refused with a clear error)
     max_pending_text_chars: int = Field(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
     # one request's whole text (REST input, gRPC/Riva Synthesize): past the profile's max_text_chars
@@ -168,7 +174,16 @@ class ServerConfig(Section):
     ws_max_message_bytes: int = Field(65536, ge=1024, le=64 * 2**20)  # one WebSocket message
     max_contexts_per_socket: int = Field(8, ge=1, le=1024)  # utterances open at once on one WebSocket
     ws_idle_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)  # a WebSocket with nothing to say is closed
-    max_connections_per_client: int = Field(64, ge=0, le=100_000)  # open requests + sockets per address; 0 = off
+    max_connections_per_client: int = Field(64, ge=0, le=100_000)  # open connections per address, from accept; 0 = off
+    # the connection layer of the REST/WebSocket port (lyre.api.connections): a request's headers must
+    # arrive within header_timeout_s of its first byte (a new connection's first request: of accept); a
+    # body must keep coming at body_min_bytes_per_s on average (after header_timeout_s of grace); an idle
+    # keep-alive connection is closed after keepalive_timeout_s; past max_connections open connections
+    # (0 = the process's descriptor limit less a reserve) a new one is closed at once
+    header_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
+    body_min_bytes_per_s: int = Field(8192, ge=1, le=2**30)
+    keepalive_timeout_s: float = Field(75.0, gt=0.0, le=3600.0)
+    max_connections: int = Field(0, ge=0, le=10_000_000)
     # gRPC connections (grpcio's own options): calls open at once on one connection, a connection
     # with no call for this long is closed, and one older than this is asked to reconnect (its calls
     # get grpc_max_connection_age_grace_s to end); 0 = no limit
@@ -178,10 +193,31 @@ class ServerConfig(Section):
     grpc_max_connection_age_grace_s: float = Field(600.0, ge=0.0, le=86400.0)
 
 
+class Quota(Section):
+    """One account's limits (:mod:`lyre.trust.quotas`). null: accounts.default's value; null there
+    too: derived from the server's size, so that no one account can hold the whole server."""
+
+    max_sessions: int | None = Field(None, ge=1, le=100_000)  # sessions holding a KV slot at once
+    max_queued: int | None = Field(None, ge=0, le=100_000)  # sessions waiting for a slot
+    max_ws_contexts: int | None = Field(None, ge=1, le=100_000)  # WebSocket contexts open over all its sockets
+    max_enrollments: int | None = Field(None, ge=1, le=1000)  # voice enrollments in flight
+    max_verifies: int | None = Field(None, ge=1, le=1000)  # /v1/audio/verify uploads in flight
+    chars_per_minute: int | None = Field(None, ge=0, le=10**9)  # text characters taken per minute; 0 = no limit
+    weight: float | None = Field(None, gt=0.0, le=1000.0)  # its share of free KV slots when accounts wait
+
+
+class AccountsConfig(Section):
+    """Quotas and fair shares of the accounts (``server.api_keys``; without keys, everyone is "default")."""
+
+    default: Quota = Field(default_factory=Quota)
+    quotas: dict[str, Quota] = Field(default_factory=dict)  # account -> what differs from the default
+
+
 class VoicesConfig(Section):
     """Cloned voices: the registry (a database), enrollment limits and the cached reference prompt."""
 
-    database_url: str | None = None  # SQLAlchemy URL; None = sqlite:///<data_dir>/lyre.db (PostgreSQL works too)
+    # SQLAlchemy URL; None = the environment's LYRE_DATABASE_URL, else sqlite:///<data_dir>/lyre.db (PostgreSQL works too)
+    database_url: str | None = None
     max_upload_bytes: int = Field(10 * 2**20, ge=1024, le=2**30)  # one enrollment's audio file
     min_seconds: float = Field(3.0, gt=0.0, le=600.0)  # reference clip duration
     max_seconds: float = Field(30.0, gt=0.0, le=600.0)
@@ -189,6 +225,10 @@ class VoicesConfig(Section):
     max_transcript_chars_per_second: float = Field(30.0, gt=0.0)  # longer transcripts cannot be what the clip says
     prefix_cache_mb: int = Field(512, ge=0, le=1_000_000)  # KV of cloned voices' reference prompts (LRU); 0 = off
     sweep_s: float = Field(2.0, gt=0.0, le=3600.0)  # how often kept prefixes of voices deleted elsewhere are dropped
+    # enrollments and verifications decode and encode audio in this many worker threads, at a lower CPU
+    # priority than the engine's; at most max_in_flight of them (all accounts) wait or run at once
+    workers: int = Field(1, ge=1, le=64)
+    max_in_flight: int = Field(4, ge=1, le=10_000)
 
 
 class AuditConfig(Section):
@@ -251,6 +291,7 @@ class LyreConfig(Section):
     profile: str = "conversational"
     tuning: dict[str, TuningProfile] = Field(default_factory=_default_profiles)
     server: ServerConfig = Field(default_factory=ServerConfig)
+    accounts: AccountsConfig = Field(default_factory=AccountsConfig)
     riva: RivaConfig = Field(default_factory=RivaConfig)
     build: BuildConfig = Field(default_factory=BuildConfig)
     voices: VoicesConfig = Field(default_factory=VoicesConfig)

@@ -1,9 +1,13 @@
 """Prometheus metrics and the seed 004 ``/v1/stats`` snapshot.
 
-Each :class:`Metrics` has its own registry, so several services (tests) never collide.
+Each :class:`Metrics` has its own registry, so several services (tests) never collide. Per-account
+figures carry an ``account`` label bounded by the configured accounts (any other name a library
+caller passes counts as ``other``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -24,8 +28,25 @@ class _ExecutorGauges:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, accounts: tuple[str, ...] = ("default",)) -> None:
         self.registry = r = CollectorRegistry()
+        self._accounts = frozenset(accounts)
+        self.account_sessions = Gauge("lyre_account_sessions", "An account's sessions holding a KV slot (active) "
+                                      "and waiting for one (pending)", ["account", "state"], registry=r)
+        self.account_refusals = Counter("lyre_account_refusals", "Requests refused because the account held its "
+                                        "quota, by the quota's config key", ["account", "quota"], registry=r)
+        self.account_characters = Counter("lyre_account_characters", "Text characters taken for synthesis",
+                                          ["account"], registry=r)
+        self.connections_open = Gauge("lyre_connections_open", "Open connections on the REST/WebSocket port",
+                                      registry=r)
+        self.connections_refused = Counter("lyre_connections_refused", "Connections closed at accept, by the cap "
+                                           "reached (server.max_connections, server.max_connections_per_client)",
+                                           ["reason"], registry=r)
+        self.connections_cut = Counter("lyre_connections_cut", "Connections cut for a slow request (headers not "
+                                       "complete in time, a body below the minimum rate)", ["reason"], registry=r)
+        for account in sorted(self._accounts):
+            for state in ("active", "pending"):
+                self.account_sessions.labels(account=account, state=state).set(0)
         self.ttfb = Histogram("lyre_ttfb_seconds", "Request received to first audio chunk", buckets=_LATENCY_BUCKETS,
                               registry=r)
         self.step_seconds = Histogram("lyre_step_seconds", "Engine step time (token step, routing, audio)",
@@ -72,6 +93,26 @@ class Metrics:
         self.active.set(active)
         self.pending.set(pending)
         self.kv_slots_used.set(slots_used)
+
+    def _account(self, account: str) -> str:
+        return account if account in self._accounts else "other"
+
+    def set_accounts(self, active: Mapping[str, int], pending: Mapping[str, int]) -> None:
+        """Each account's active and pending sessions (accounts absent from both: 0)."""
+        totals = {(a, state): 0 for a in self._accounts for state in ("active", "pending")}
+        for state, counts in (("active", active), ("pending", pending)):
+            for account, n in counts.items():
+                key = (self._account(account), state)
+                totals[key] = totals.get(key, 0) + n
+        for (account, state), n in totals.items():
+            self.account_sessions.labels(account=account, state=state).set(n)
+
+    def refused(self, account: str, quota: str) -> None:
+        self.account_refusals.labels(account=self._account(account), quota=quota).inc()
+        self.rejections.labels(reason="quota").inc()
+
+    def account_chars(self, account: str, chars: int) -> None:
+        self.account_characters.labels(account=self._account(account)).inc(chars)
 
     def set_prompts(self, prompt_tokens: int, prefilled_tokens: int, extra: dict[str, float]) -> None:
         """Bring the prompt and prefix-cache figures up to the engine's."""

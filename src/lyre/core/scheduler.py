@@ -5,7 +5,9 @@ Only the engine thread calls :class:`Scheduler`; the asyncio side talks to it th
 and receives events through each session's ``sink``.
 
 ``Scheduler.step()`` reads as: expire (cancels, stalled clients, sessions without progress) ->
-admit (pending sessions into free KV slots: the engine's ``add`` says when none is free) ->
+admit (pending sessions into free KV slots, shared fairly across accounts by
+:class:`~lyre.core.fair.FairQueue`, each account within its ``max_sessions``; the engine's ``add``
+says when no slot is free) ->
 engine step (in the order the policy gives; a session whose frames wait for the codec sits out) ->
 route tokens into each segment's parser and codec stream -> audio (the
 :class:`~lyre.core.pipeline.AudioPipeline` decodes and delivers due chunks).
@@ -23,16 +25,17 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections import deque
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 from lyre.config import SchedulerConfig
 from lyre.core.admission import AdmissionGate
+from lyre.core.fair import FairQueue
 from lyre.core.pipeline import AudioPipeline
 from lyre.core.policy import POLICIES, Policy
 from lyre.core.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
-from lyre.core.stats import KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
+from lyre.core.stats import AccountLoad, KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
 from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
 
 log = logging.getLogger("lyre.scheduler")
@@ -57,8 +60,12 @@ class Scheduler:
         self.clock = clock
         self.metrics = metrics
         self.policy: Policy = POLICIES[cfg.policy](cfg)
-        self.pending: deque[Session] = deque()  # the one admission queue
+        limits = gate.limits
+        # the admission queue, fair across accounts by their weights
+        self.pending = FairQueue((lambda account: limits(account).weight) if limits else (lambda account: 1.0))
+        self._slots_allowed = (lambda account: limits(account).max_sessions) if limits else (lambda account: 1 << 30)
         self.active: dict[str, Session] = {}
+        self.active_by_account: Counter[str] = Counter()
         self._by_request: dict[str, tuple[Session, int]] = {}
         self._order = itertools.count()
         self.step_count = 0
@@ -116,11 +123,13 @@ class Scheduler:
     def publish(self) -> None:
         """Replace ``snapshot`` (a frozen :class:`StatsSnapshot`); other threads read only this."""
         e = self.engine.stats()
+        waiting = self.pending.waiting()
         if self.metrics is not None:
             self.metrics.set_load(len(self.active), len(self.pending), e.active, self.utilisation)
             self.metrics.set_engine(e.extra)
             self.metrics.set_prompts(e.prompt_tokens, e.prefilled_tokens, e.extra)
             self.metrics.set_codec(self.audio.codec.counters)
+            self.metrics.set_accounts(self.active_by_account, waiting)
         self.snapshot = StatsSnapshot(
             scheduler=SchedulerStats(
                 total_sessions=self.total_sessions,
@@ -134,6 +143,8 @@ class Scheduler:
             engine=e,
             codec=self.audio.codec.stats(),
             capacity_utilisation=self.utilisation,
+            accounts={a: AccountLoad(self.active_by_account.get(a, 0), waiting.get(a, 0))
+                      for a in {*self.active_by_account, *waiting}},
         )
 
     @property
@@ -192,21 +203,25 @@ class Scheduler:
     # --- admit ----------------------------------------------------------------------------------
 
     def _admit(self) -> None:
-        """Give free KV slots to, in turn: continuations (no gap mid-stream), pending sessions in
-        order, then the next segment's prefill ahead of time where a slot is spare (its decoding
-        waits). What the engine has no slot for stays where it is and is tried at a later step."""
+        """Give free KV slots to, in turn: continuations (no gap mid-stream), pending sessions (fair
+        across accounts, each below its quota of slots; in order within one), then the next segment's
+        prefill ahead of time where a slot is spare (its decoding waits). What the engine has no slot
+        for stays where it is and is tried at a later step."""
         for s in list(self.active.values()):
             k = _next_unsubmitted(s)
             if k is not None and s.segments[k - 1].done_generating:
                 self._submit_segment(s, k)
         while self.pending and len(self.active) < self.engine.capacity:
-            s = self.pending[0]
+            s = self.pending.next(lambda account: self.active_by_account[account] < self._slots_allowed(account))
+            if s is None:
+                break  # every waiting account holds its quota of slots (accounts.max_sessions)
             if not self._submit_segment(s, 0) and s.status == PENDING:
                 break  # no free slot: it stays first in line
-            self.pending.popleft()
+            self.pending.admitted(s)
             if s.status == PENDING:
                 s.status = ACTIVE
                 self.active[s.session_id] = s
+                self.active_by_account[s.account] += 1
         stats = self.engine.stats()
         spare = self.engine.capacity - stats.active - stats.waiting
         for s in list(self.active.values()):
@@ -291,7 +306,10 @@ class Scheduler:
             return
         s.status = status
         self.total_ended += 1
-        self.active.pop(s.session_id, None)
+        if self.active.pop(s.session_id, None) is not None:
+            self.active_by_account[s.account] -= 1
+            if not self.active_by_account[s.account]:
+                del self.active_by_account[s.account]
         for k in range(len(s.segments)):
             rid = s.request_id(k)
             if rid in self._by_request:
@@ -299,7 +317,7 @@ class Scheduler:
                 self.engine.cancel(rid)
         self.audio.close(s)
         duration = now - s.created
-        self.gate.leave(duration if status == FINISHED else None)
+        self.gate.leave(s.account, duration if status == FINISHED else None)
         metrics = SessionMetrics(
             ttfb_ms=None if s.first_audio_at is None else 1000 * (s.first_audio_at - s.created),
             tokens=s.tokens,

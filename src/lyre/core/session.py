@@ -71,6 +71,7 @@ class Session:
     sampling: SamplingParams
     sink: Callable[[ChunkEvent | DoneEvent], None]
     created: float
+    account: str = "default"  # whose: its quota and fair share of KV slots
     order: int = 0
     status: str = PENDING
     cancel_reason: str | None = None

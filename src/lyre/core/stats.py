@@ -50,6 +50,12 @@ class KVCacheStats:
 
 
 @dataclass(frozen=True)
+class AccountLoad:
+    active_sessions: int  # holding a KV slot
+    pending_sessions: int  # waiting for one
+
+
+@dataclass(frozen=True)
 class StatsSnapshot:
     """The server after the engine thread's last step."""
 
@@ -59,6 +65,7 @@ class StatsSnapshot:
     codec: CodecStats | None
     capacity_utilisation: float  # active + pending sessions over the KV slots: the figure to autoscale on
     extra: Mapping[str, Any] = field(default_factory=dict)  # a peer's own figures (the benchmark's baseline)
+    accounts: Mapping[str, AccountLoad] = field(default_factory=dict)  # the accounts with sessions
 
     @property
     def total_tokens(self) -> int:
@@ -68,18 +75,27 @@ class StatsSnapshot:
     def total_batches(self) -> int:
         return self.engine.total_steps
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, account: str | None = None) -> dict[str, Any]:
         """Seed 004's ``/v1/stats`` JSON (scheduler, kv_cache, total_tokens, total_batches), with the
-        engine's and the codec's figures."""
-        e = self.engine
-        return {
+        engine's and the codec's figures. For one ``account`` (not an operator): the server's load and
+        that account's own sessions, not the engine's and codec's figures, which move by one request's
+        detail (the prefix cache's bytes and the prefilled tokens by a cloned voice's clip length)."""
+        load = {
             "scheduler": asdict(self.scheduler),
             "kv_cache": asdict(self.kv_cache),
             "total_tokens": self.total_tokens,
             "total_batches": self.total_batches,
             "capacity_utilisation": self.capacity_utilisation,
+        }
+        if account is not None:
+            return {**load, "account": {"name": account,
+                                        **asdict(self.accounts.get(account, AccountLoad(0, 0)))}}
+        e = self.engine
+        return {
+            **load,
             "engine": {"backend": e.backend, "kv_cache_bytes": e.kv_cache_bytes, "prompt_tokens": e.prompt_tokens,
                        "prefilled_tokens": e.prefilled_tokens, **e.extra},
             "codec": self.codec.as_dict() if self.codec is not None else {},
+            "accounts": {a: asdict(load) for a, load in sorted(self.accounts.items())},
             **self.extra,
         }

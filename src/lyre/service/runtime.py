@@ -56,7 +56,7 @@ from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.errors import LyreError
 from lyre.model import checkpoint, orpheus
 from lyre.service.voices import Voices
-from lyre.storage.db import default_url, open_database
+from lyre.storage.db import database_url, open_database
 from lyre.trust.audit import AuditTrail
 
 log = logging.getLogger("lyre.service")
@@ -105,7 +105,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     cannot run."""
     shared = shared if shared is not None else Shared()
     choice, env = choose_backend(cfg)
-    database = open_database(cfg.voices.database_url or default_url(cfg.data_dir))  # first: fails fast
+    database = open_database(database_url(cfg.voices.database_url, cfg.data_dir))  # first: fails fast
     voices.open(database)
     audit = AuditTrail(database, cfg.audit)
     model = checkpoint.resolve_model(cfg.model, cfg.codec)

@@ -35,6 +35,7 @@ from lyre.engine.base import SamplingParams
 from lyre.errors import (
     InvalidRequest,
     OverloadedError,
+    QuotaExceeded,
     ServiceUnavailable,
     TextTooLong,
     UnknownVoice,
@@ -47,8 +48,9 @@ from lyre.service.text import MAX_SEGMENT_CHARS, split_text
 from lyre.service.utterance import Utterance
 from lyre.service.voices import Voices
 from lyre.storage.registry import Voice
-from lyre.trust.accounts import DEFAULT_ACCOUNT
+from lyre.trust.accounts import DEFAULT_ACCOUNT, Accounts
 from lyre.trust.audit import AuditEntry, AuditTrail
+from lyre.trust.quotas import Quotas
 
 log = logging.getLogger("lyre.service")
 
@@ -61,8 +63,11 @@ class TTSService:
     def __init__(self, config: LyreConfig, shared: runtime.Shared | None = None):
         self.config = config
         self.shared = shared  # loaded parts shared with other services in this process (runtime.Shared)
-        self.metrics = Metrics()
-        self.gate = AdmissionGate(config.scheduler.max_concurrent_sessions, config.scheduler.max_pending)
+        self.accounts = Accounts(config.server)  # who a key names (the keys file and LYRE_API_KEYS read once, here)
+        self.metrics = Metrics(self.accounts.names)
+        self.quotas = Quotas(config, self.accounts.names, on_refusal=self.metrics.refused)
+        self.gate = AdmissionGate(config.scheduler.max_concurrent_sessions, config.scheduler.max_pending,
+                                  self.quotas.of)
         self._ids = itertools.count()
         self._loop: EngineLoop | None = None
         self.scheduler: Scheduler | None = None
@@ -110,6 +115,7 @@ class TTSService:
             await asyncio.to_thread(self._loop.stop)
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)  # the rows still queued are written first
+        self.voices.workers.close()
 
     @property
     def ready(self) -> bool:
@@ -122,11 +128,16 @@ class TTSService:
         take them."""
         if not self.ready:
             return "unavailable"
-        if self.gate.inside >= self.gate.max_active + self.gate.max_pending:
+        if self.gate.full:
             return "full"
         if self.audit is not None and self.audit.refusing:
             return "audit_unavailable"
         return None
+
+    def sees_all(self, account: str) -> bool:
+        """Whether ``account`` may see every account's figures (/metrics, the whole /v1/stats): an
+        operator account (server.operator_accounts), or anyone on a server without API keys."""
+        return not self.accounts.required or account in self.config.server.operator_accounts
 
     @property
     def builtin_voices(self) -> tuple[str, ...]:
@@ -141,8 +152,9 @@ class TTSService:
         ``voice``: a built-in voice or alias, or ``account``'s cloned voice (its id, or the
         :class:`Voice` from ``await tts.voices.resolve(...)``, which saves a database read here).
         The synthesis is audited under ``protocol`` and watermarked (``audit``, ``mark``: those of
-        an utterance it is a piece of). Raises InvalidRequest / UnknownVoice / TextTooLong / OverloadedError, and
-        DatabaseError while the audit trail cannot be written, at once."""
+        an utterance it is a piece of). Raises InvalidRequest / UnknownVoice / TextTooLong /
+        OverloadedError (QuotaExceeded: ``account`` holds its quota), and DatabaseError while the
+        audit trail cannot be written, at once."""
         if not self.ready:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
         voice = self._voice(voice, account)
@@ -150,12 +162,21 @@ class TTSService:
         owns_audit = audit is None
         if owns_audit:
             audit = self._audit_entry(voice, account, protocol)
-            audit.add_text(text)
         try:
-            self.gate.enter()
+            self.gate.enter(account)
         except Overloaded as e:
             self.metrics.rejections.labels(reason="overloaded").inc()
             raise OverloadedError(e.retry_after_s) from None
+        except QuotaExceeded as e:
+            self.metrics.refused(account, e.key)
+            raise
+        if owns_audit:  # (an utterance's pieces were counted as they were appended)
+            try:
+                self.charge(account, len(text))
+            except BaseException:
+                self.gate.leave(account)
+                raise
+            audit.add_text(text)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         session = Session(
@@ -164,10 +185,11 @@ class TTSService:
             sampling=params,
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             created=time.monotonic(),
+            account=account,
             listen_on_read=not owns_audit,  # a piece of an utterance: heard once the pieces before it are
         )
         if not self._loop.post(lambda: self.scheduler.submit(session)):
-            self.gate.leave()
+            self.gate.leave(account)
             raise ServiceUnavailable("the service is shutting down")
         return SpeechStream(session, events, lambda: self._cancel(session.session_id), audit, owns_audit,
                             mark if mark is not None else self.marker())
@@ -247,7 +269,14 @@ class TTSService:
         audit = self._audit_entry(voice, account, protocol)
         mark = self.marker()  # one watermark across the pieces: the pattern runs on without a jump
         return Utterance(lambda piece: self.stream(piece, voice, account=account, audit=audit, mark=mark, **sampling),
-                         self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit)
+                         self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit,
+                         charge=lambda n: self.charge(account, n))
+
+    def charge(self, account: str, chars: int) -> None:
+        """Count ``chars`` characters of text against ``account``'s ``chars_per_minute``; raises
+        QuotaExceeded (TextTooLong for more than a minute's worth) and counts nothing when it is spent."""
+        self.quotas.charge_chars(account, chars)
+        self.metrics.account_chars(account, chars)
 
     def marker(self) -> Marker | None:
         """A new stream's watermarker (None with watermark.enabled false)."""

@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -61,8 +62,10 @@ class UtteranceMetrics:
 
 
 class Utterance:
-    def __init__(self, speak: Speaker, max_chars: int, max_pending_chars: int, audit: AuditEntry | None = None):
+    def __init__(self, speak: Speaker, max_chars: int, max_pending_chars: int, audit: AuditEntry | None = None,
+                 charge: Callable[[int], None] | None = None):
         self._speak = speak
+        self._charge = charge  # counts appended characters against the account's quota (raises to refuse)
         self._audit = audit  # the utterance's one audit row: every piece's PCM, recorded when it ends
         self.max_pending_chars = max_pending_chars
         self._text = SentenceStream(max_chars)
@@ -99,6 +102,12 @@ class Utterance:
             raise InvalidRequest(
                 f"this append would leave {self.pending_chars + len(text)} characters waiting to be spoken; "
                 f"server.max_pending_text_chars is {self.max_pending_chars}: send more once audio has played")
+        if self._charge is not None:
+            try:
+                self._charge(len(text))
+            except BaseException:
+                self._held = held
+                raise
         if self._audit is not None:
             self._audit.add_text(text)
         self._add(self._text.append(text))

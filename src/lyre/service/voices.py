@@ -6,8 +6,10 @@
 
 Enrollment decodes and normalises the clip (:mod:`lyre.audio.clip`), encodes it with SNAC into
 Orpheus reference tokens (frame order of DESIGN.md section 3), and stores it with its consent
-record (:mod:`lyre.storage.registry`). Database work and encoding run in worker threads; nothing
-here blocks the event loop or the engine thread. Deleting a voice drops its kept prefix in the
+record (:mod:`lyre.storage.registry`). Database work runs in worker threads, decoding and encoding
+in the bounded pool of :mod:`lyre.service.workers`; nothing here blocks the event loop or the engine
+thread. Enrollments are bounded per account (``accounts.max_enrollments``, counted by the front
+ends from the start of the upload) and in all (``voices.max_in_flight``, from the end of it). Deleting a voice drops its kept prefix in the
 engine (through ``on_delete``) at once.
 """
 
@@ -38,6 +40,7 @@ from lyre.errors import (
 )
 from lyre.model import orpheus
 from lyre.service.options import MAX_NAME_CHARS, Consent, parse
+from lyre.service.workers import AudioWorkers
 from lyre.storage.registry import ID_PATTERN, Voice, VoiceRegistry, check_name
 from lyre.trust.accounts import DEFAULT_ACCOUNT
 
@@ -71,6 +74,7 @@ class Voices:
         self._references: OrderedDict[str, list[int]] = OrderedDict()  # voice key -> reference-turn ids
         self.max_reference_tokens = 0  # set by attach()
         self.deleted: set[str] = set()  # voices deleted while this process runs: a Voice still held is refused
+        self.workers = AudioWorkers(config.voices.workers, config.voices.max_in_flight)  # decode/encode uploads
 
     def open(self, database: Engine) -> None:
         """At service start: the registry in ``database`` (opened and migrated by the service)."""
@@ -101,13 +105,14 @@ class Voices:
         record = check_consent(consent)
         name = check_name(name)
         transcript = self._check_transcript(transcript)
-        clip = await asyncio.to_thread(prepare_clip, audio, self.config.voices)
-        most = self.config.voices.max_transcript_chars_per_second * clip.seconds
-        if len(transcript) > most:
-            raise InvalidRequest(f"the transcript has {len(transcript)} characters, more than a {clip.seconds:.1f} s "
-                                 f"clip can hold (at most {most:.0f}: voices.max_transcript_chars_per_second); give the "
-                                 "exact words spoken in the clip")
-        tokens = await asyncio.to_thread(self._encode, clip.pcm)
+        with self.workers.place():
+            clip = await self.workers.run(prepare_clip, audio, self.config.voices)
+            most = self.config.voices.max_transcript_chars_per_second * clip.seconds
+            if len(transcript) > most:
+                raise InvalidRequest(f"the transcript has {len(transcript)} characters, more than a {clip.seconds:.1f} "
+                                     f"s clip can hold (at most {most:.0f}: voices.max_transcript_chars_per_second); "
+                                     "give the exact words spoken in the clip")
+            tokens = await self.workers.run(self._encode, clip.pcm)
         reference = len(orpheus.build_reference_ids(self._tokenizer, transcript, tokens))
         if reference > self.max_reference_tokens:
             raise InvalidAudio(f"the clip and transcript make a {reference}-token reference; this server has room for "

@@ -13,6 +13,7 @@ engine thread.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -58,8 +59,16 @@ audit = sa.Table(
 )
 
 
+DATABASE_URL_ENV = "LYRE_DATABASE_URL"  # the URL from the environment: a secret stays out of files and argv
+
+
 def default_url(data_dir: str | Path) -> str:
     return f"sqlite:///{Path(data_dir) / 'lyre.db'}"
+
+
+def database_url(configured: str | None, data_dir: str | Path) -> str:
+    """``voices.database_url``; unset, the environment's LYRE_DATABASE_URL; unset too, SQLite in ``data_dir``."""
+    return configured or os.environ.get(DATABASE_URL_ENV) or default_url(data_dir)
 
 
 def sqlite_path(url: str) -> Path | None:

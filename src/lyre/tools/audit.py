@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 
 from lyre.config import AuditConfig, ConfigError, add_config_arguments, config_from_args
 from lyre.errors import DatabaseError
-from lyre.storage.db import default_url, open_database
+from lyre.storage.db import database_url, open_database
 from lyre.trust.audit import COLUMNS, AuditTrail, rows
 
 
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None, prog: str = "lyre audit") -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args)
-        engine = open_database(cfg.voices.database_url or default_url(cfg.data_dir))
+        engine = open_database(database_url(cfg.voices.database_url, cfg.data_dir))
     except (ConfigError, DatabaseError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

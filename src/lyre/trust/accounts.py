@@ -1,36 +1,85 @@
 """Accounts: who a request is, from its API key.
 
-``server.api_keys`` maps API keys to account names; ``server.api_key`` (the single key of earlier
-configs) is one more key, of the account ``default``. With no key configured at all, every caller
-is the account ``default``. A cloned voice belongs to the account that enrolled it, and no other
+Keys come from ``server.api_keys`` (key -> account), ``server.api_key`` (the single key of earlier
+configs: account ``default``), the file ``server.api_keys_file`` and the environment's
+``LYRE_API_KEYS`` (both: one ``<key> <account>`` per line, ``#`` comments). Anywhere, a key may be
+given as ``sha256:<64 hex digits>``, the SHA-256 of the key, so that neither a config file, a
+manifest nor a process's argv need hold a secret. With no key configured at all, every caller is
+the account ``default``. A cloned voice belongs to the account that enrolled it, and no other
 account can see it (404 everywhere: existence does not leak).
 
 Keys are accepted only from ``Authorization: Bearer <key>`` (HTTP header or gRPC metadata), and
-every configured key is compared in constant time, so the time taken says nothing about which key
-(or how much of one) matched.
+every configured key is compared in constant time (as SHA-256 digests, all of one length), so the
+time taken says nothing about which key (or how much of one) matched.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
+import re
+from pathlib import Path
 
-from lyre.config import ServerConfig
+from lyre.config import ConfigError, ServerConfig
 
 DEFAULT_ACCOUNT = "default"
+API_KEYS_ENV = "LYRE_API_KEYS"
+HASHED = re.compile(r"sha256:([0-9a-fA-F]{64})")
+_ACCOUNT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
 def _digest(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8", "surrogateescape")).digest()
 
 
+def _key_digest(key: str) -> bytes:
+    """The digest a configured key is compared as: given as ``sha256:<hex>``, that; else the key's."""
+    hashed = HASHED.fullmatch(key)
+    return bytes.fromhex(hashed.group(1)) if hashed else _digest(key)
+
+
+def _key_lines(text: str, where: str) -> dict[str, str]:
+    keys = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            # the line may hold a key: say where, never what
+            raise ConfigError(f"{where} line {n}: expected '<key> <account>' (two fields), found {len(parts)}")
+        keys[parts[0]] = parts[1]
+    return keys
+
+
+def configured_keys(server: ServerConfig) -> dict[str, str]:
+    """Every configured key (as given: the key or ``sha256:<hex>``) -> its account. ConfigError for
+    an unreadable keys file, a malformed line or an account name that cannot be a metrics label."""
+    keys = dict(server.api_keys)
+    if server.api_key:
+        keys.setdefault(server.api_key, DEFAULT_ACCOUNT)
+    if server.api_keys_file:
+        path = Path(server.api_keys_file)
+        try:
+            text = path.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"server.api_keys_file {path} cannot be read: {e}") from None
+        keys.update(_key_lines(text, f"server.api_keys_file {path}"))
+    if os.environ.get(API_KEYS_ENV):
+        keys.update(_key_lines(os.environ[API_KEYS_ENV], f"the environment's {API_KEYS_ENV}"))
+    for account in keys.values():
+        if not _ACCOUNT.fullmatch(account):
+            raise ConfigError(f"account name {account!r} is not allowed: 1-64 letters, digits and _.@- (it names "
+                              "the account in metrics and the audit trail)")
+    return keys
+
+
 class Accounts:
     def __init__(self, server: ServerConfig):
-        keys = dict(server.api_keys)
-        if server.api_key:
-            keys.setdefault(server.api_key, DEFAULT_ACCOUNT)
-        # compared as sha256 digests: equal lengths, so not even a key's length shows in the timing
-        self._tokens = [(_digest(f"Bearer {key}"), account) for key, account in keys.items()]
+        keys = configured_keys(server)
+        self._tokens = [(_key_digest(key), account) for key, account in keys.items()]
+        self.names: tuple[str, ...] = tuple(sorted(set(keys.values()) | {DEFAULT_ACCOUNT}))  # every account there is
 
     @property
     def required(self) -> bool:
@@ -42,9 +91,9 @@ class Accounts:
         none of them. Every key is compared, whatever matched."""
         if not self._tokens:
             return DEFAULT_ACCOUNT
-        given = _digest(authorization or "")
-        found = None
+        scheme, _, key = (authorization or "").partition(" ")
+        given, found = _digest(key), None
         for token, account in self._tokens:
             if hmac.compare_digest(given, token):
                 found = account
-        return found
+        return found if scheme == "Bearer" else None

@@ -15,13 +15,12 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from lyre.api.common import DRAIN_TIMEOUT, InFlight, classify, encode, finish, peer_address
+from lyre.api.common import DRAIN_TIMEOUT, InFlight, classify, encode, finish, peer_address, retry_after
 from lyre.audio.formats import AudioEncoder, AudioFormatError
 from lyre.config import LyreConfig
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections, UploadTooLarge
 from lyre.service.tts import TTSService
 from lyre.service.utterance import Utterance
-from lyre.trust.accounts import Accounts
 
 log = logging.getLogger("lyre.grpc")
 
@@ -75,7 +74,7 @@ class Servicer:
     def __init__(self, service: TTSService, inflight: InFlight):
         self.service = service
         self.inflight = inflight
-        self.accounts = Accounts(service.config.server)
+        self.accounts = service.accounts
 
     @contextlib.asynccontextmanager
     async def _serving(self, context: grpc.aio.ServicerContext, request: Any = None):
@@ -99,6 +98,9 @@ class Servicer:
                 try:
                     yield account
                 except (LyreError, AudioFormatError) as e:
+                    wait = retry_after(e)
+                    if wait:  # a refusal that passes: when to try again, as HTTP's Retry-After says it
+                        context.set_trailing_metadata((("retry-after", wait),))
                     await context.abort(getattr(grpc.StatusCode, classify(e).grpc_status), str(e))
                 except asyncio.CancelledError:
                     if self.inflight.draining:

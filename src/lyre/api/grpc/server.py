@@ -35,8 +35,9 @@ def _reflection_v1(reflector: reflection.aio.ReflectionServicer) -> grpc.Generic
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
 
 
-def grpc_options(cfg: LyreConfig) -> list[tuple[str, int]]:
-    """grpcio's channel arguments for the server: what a connection may hold and for how long."""
+def grpc_options(cfg: LyreConfig, max_connections: int = 0) -> list[tuple[str, int]]:
+    """grpcio's channel arguments for the server: how many connections (0: no cap), what a
+    connection may hold and for how long."""
     s = cfg.server
 
     def ms(seconds: float) -> int:  # grpcio: INT_MAX ms is "never"
@@ -55,12 +56,16 @@ def grpc_options(cfg: LyreConfig) -> list[tuple[str, int]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 300_000),
         ("grpc.keepalive_permit_without_calls", 0),
         ("grpc.http2.max_ping_strikes", 2),
-    ]
+        # a connection must finish its HTTP/2 handshake as a request its headers (server.header_timeout_s)
+        ("grpc.server_handshake_timeout_ms", ms(s.header_timeout_s)),
+    ] + ([("grpc.max_allowed_incoming_connections", max_connections)] if max_connections else [])
 
 
-async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int) -> tuple[grpc.aio.Server, int, HealthServicer]:
-    """Start the gRPC server; returns it, the bound port and its health servicer."""
-    server = grpc.aio.server(options=grpc_options(service.config))
+async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: int,
+                     max_connections: int = 0) -> tuple[grpc.aio.Server, int, HealthServicer]:
+    """Start the gRPC server (at most ``max_connections`` open at once; 0: no cap); returns it, the
+    bound port and its health servicer."""
+    server = grpc.aio.server(options=grpc_options(service.config, max_connections))
     server.add_generic_rpc_handlers((handlers(tts.TextToSpeech(service, inflight), tts.SERVICE, tts.tts_pb2),
                                      riva.handlers(service, inflight)))
     health = HealthServicer()

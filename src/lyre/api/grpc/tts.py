@@ -123,9 +123,10 @@ class TextToSpeech(VoiceMethods, Servicer):
                     yield chunks.message(data)
 
     async def GetStats(self, request, context):
-        async with self._serving(context, request):
+        async with self._serving(context, request) as account:
             s = self.service.stats()
-            sch, kv, engine = s.scheduler, s.kv_cache, s.as_dict()["engine"]
+            sch, kv = s.scheduler, s.kv_cache
+            engine = dict(s.as_dict()["engine"]) if self.service.sees_all(account) else {"backend": s.engine.backend}
             backend = engine.pop("backend", "")
             return tts_pb2.Stats(
                 scheduler=tts_pb2.Stats.Scheduler(

@@ -22,9 +22,10 @@ class VoiceMethods:
     async def EnrollVoice(self, request, context):
         async with self._serving(context, request) as account:
             consent = ({f.name: v for f, v in request.consent.ListFields()} if request.HasField("consent") else None)
-            voice = await self.service.voices.enroll(request.audio, name=request.name, transcript=request.transcript,
-                                                     consent=consent, account=account,
-                                                     address=self.client_address(context))
+            with self.service.quotas.hold(account, "enrollments"):
+                voice = await self.service.voices.enroll(request.audio, name=request.name,
+                                                         transcript=request.transcript, consent=consent,
+                                                         account=account, address=self.client_address(context))
             return _cloned(voice)
 
     async def GetVoice(self, request, context):

@@ -94,7 +94,7 @@ async def clients_middleware(request: web.Request, handler):
 def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     cfg = service.config.server
     app = web.Application(client_max_size=cfg.max_body_bytes,
-                          middlewares=[errors_middleware, auth_middleware(Accounts(cfg)), clients_middleware])
+                          middlewares=[errors_middleware, auth_middleware(service.accounts), clients_middleware])
     app[SERVICE] = service
     app[INFLIGHT] = inflight
     app[MAX_BODY] = cfg.max_body_bytes
@@ -151,8 +151,13 @@ async def request_id_header(request: web.Request, response: web.StreamResponse) 
 
 
 async def stats(request: web.Request) -> web.Response:
-    snapshot = request.app[SERVICE].stats()
-    return web.json_response(snapshot.as_dict() if snapshot is not None else {})
+    """The server's load; the engine's and codec's figures (which move with other accounts' requests:
+    a cloned voice's prefill shows its clip's length) only for an operator account."""
+    service, account = request.app[SERVICE], request[ACCOUNT]
+    snapshot = service.stats()
+    if snapshot is None:
+        return web.json_response({})
+    return web.json_response(snapshot.as_dict(None if service.sees_all(account) else account))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -183,5 +188,13 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """Prometheus' figures of every account: with API keys, only for an operator account's key."""
+    service = request.app[SERVICE]
+    if service.accounts.required:
+        account = service.accounts.account(request.headers.get("Authorization"))
+        if account is None or not service.sees_all(account):
+            return error_response(403 if account else 401, "/metrics shows every account's figures: it needs the key "
+                                  "of an account in server.operator_accounts", "authentication_error",
+                                  "forbidden" if account else "unauthorized")
     return web.Response(body=request.app[SERVICE].metrics.exposition(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

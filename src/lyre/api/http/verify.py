@@ -7,52 +7,32 @@ body; any format FFmpeg reads (raw G.711 or PCM must be wrapped, e.g. in WAV). T
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
-from lyre.api.http.shared import SERVICE, draining
+from lyre.api.http.shared import ACCOUNT, SERVICE, draining
 from lyre.api.http.voices import read_part
 from lyre.audio.clip import decode
-from lyre.errors import InvalidRequest, OverloadedError, UploadTooLarge
+from lyre.errors import InvalidRequest, UploadTooLarge
 
 MAX_SECONDS = 120.0  # longer uploads are checked on their first two minutes
-CONCURRENT = 2  # verifications decoding at once (each can take a second of CPU); more get 429
-
-
-class Places:
-    """The verifications decoding at once in one application. A place is taken once the upload has
-    been read, for the decoding and the detection only: an upload that stalls mid-body holds its
-    connection, never a place (two stalled uploads held both, and everyone got 429)."""
-
-    def __init__(self, n: int = CONCURRENT) -> None:
-        self.n, self.taken = n, 0
-
-    def __enter__(self) -> Places:
-        if self.taken >= self.n:
-            raise OverloadedError(1.0)
-        self.taken += 1
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.taken -= 1
-
-
-PLACES = web.AppKey("verify_places", Places)
 
 
 def routes(app: web.Application) -> None:
-    app[PLACES] = Places()
     app.router.add_post("/v1/audio/verify", verify)
 
 
 async def verify(request: web.Request) -> web.Response:
+    """The account holds one of its ``accounts.max_verifies`` from the start of the upload; the
+    decoding and the detection take a place in the audio workers once it has been read (an upload
+    that stalls mid-body holds its connection and its account's place, never everyone's)."""
     draining(request)
-    service = request.app[SERVICE]
-    data = await _upload(request, service.config.voices.max_upload_bytes)
-    with request.app[PLACES]:
-        pcm, rate = await asyncio.to_thread(decode, data, MAX_SECONDS)
-        found = await asyncio.to_thread(service.watermark.detect, pcm, rate)
+    service, account = request.app[SERVICE], request[ACCOUNT]
+    with service.quotas.hold(account, "verifies"):
+        data = await _upload(request, service.config.voices.max_upload_bytes)
+        workers = service.voices.workers
+        with workers.place():
+            pcm, rate = await workers.run(decode, data, MAX_SECONDS)
+            found = await workers.run(service.watermark.detect, pcm, rate)
     return web.json_response({"watermarked": found.watermarked, "score": round(found.score, 2),
                               "threshold": found.threshold, "seconds": round(found.seconds, 3)})
 

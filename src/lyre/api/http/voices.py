@@ -74,14 +74,15 @@ async def delete_voice(request: web.Request) -> web.Response:
 async def enroll(request: web.Request) -> web.Response:
     draining(request)
     service, account = _ctx(request)
-    form = await read_form(request, service.config.voices.max_upload_bytes)
-    consent: Any = form.get("consent")
-    if consent is not None:
-        consent = json_object(consent, "'consent'")
-    voice = await service.voices.enroll(form.get("audio", b""), name=form.get("name"), transcript=form.get("transcript"),
-                                        consent=consent, account=account,
-                                        address=request.app[INFLIGHT].address(request.remote,
-                                                                              request.headers.get("X-Forwarded-For")))
+    with service.quotas.hold(account, "enrollments"):  # from the upload's start: one account's uploads are bounded
+        form = await read_form(request, service.config.voices.max_upload_bytes)
+        consent: Any = form.get("consent")
+        if consent is not None:
+            consent = json_object(consent, "'consent'")
+        address = request.app[INFLIGHT].address(request.remote, request.headers.get("X-Forwarded-For"))
+        voice = await service.voices.enroll(form.get("audio", b""), name=form.get("name"),
+                                            transcript=form.get("transcript"), consent=consent, account=account,
+                                            address=address)
     return web.json_response(voice.summary(), status=201, headers={"Location": f"/v1/voices/{voice.id}"})
 
 

@@ -33,6 +33,7 @@ import asyncio
 import base64
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -157,12 +158,18 @@ class Socket:
         fmt = m.response_format or m.format or "pcm"
         rate = check_format(fmt, m.sample_rate)
         voice = await self.service.voices.resolve(m.voice, self.account)  # a built-in name, or a cloned voice
-        utterance = self.service.utterance(voice, account=self.account, protocol="ws", **m.sampling())
+        release = self.service.quotas.take(self.account, "ws_contexts")  # over all the account's sockets
+        try:
+            utterance = self.service.utterance(voice, account=self.account, protocol="ws", **m.sampling())
+        except BaseException:
+            release()
+            raise
         try:
             feed(utterance, m, text)
             encoder = AudioEncoder(fmt, m.sample_rate)
         except BaseException:
             utterance.cancel()
+            release()
             raise
         cfg = self.service.config
         settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
@@ -170,9 +177,10 @@ class Socket:
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append
         log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)
-        self.contexts[m.context_id] = Context(self, m.context_id, utterance, encoder, settings)
+        self.contexts[m.context_id] = Context(self, m.context_id, utterance, encoder, settings, release)
 
     def ended(self, ctx: Context) -> None:
+        ctx.release()  # its place in the account's accounts.max_ws_contexts
         if self.contexts.get(ctx.cid) is ctx:
             del self.contexts[ctx.cid]
         if self.inflight.draining and not self.contexts and not self.stopping:
@@ -225,8 +233,9 @@ class Context:
     """One utterance on a socket and the task sending its audio, in order."""
 
     def __init__(self, socket: Socket, cid: str | None, utterance: Utterance, encoder: AudioEncoder,
-                 settings: dict[str, Any]):
+                 settings: dict[str, Any], release: Callable[[], None]):
         self.socket, self.cid, self.utterance, self.encoder = socket, cid, utterance, encoder
+        self.release = release
         self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
         self.sequence = 0
         self.task = asyncio.get_running_loop().create_task(self._pump())
