@@ -15,7 +15,7 @@ CONSENT = {"granted": True, "speaker": "Ann Example", "source": "recorded_with_p
 TRANSCRIPT = "The quick brown fox jumps over the lazy dog."
 
 
-def enroll(srv, name: str) -> requests.Response:
-    return requests.post(srv.http + "/v1/voices", timeout=60, data={
+def enroll(srv, name: str, headers: dict | None = None) -> requests.Response:
+    return requests.post(srv.http + "/v1/voices", timeout=60, headers=headers, data={
         "transcript": TRANSCRIPT, "name": name, "consent": json.dumps(CONSENT)},
         files={"audio": ("a.wav", audio_file(speechlike(3.5, 16000), 16000, "wav"), "audio/wav")})

@@ -115,6 +115,12 @@ class Quotas:
         finally:
             release()
 
+    def usage(self, account: str) -> dict[str, int]:
+        """What ``account`` holds of the places counted here."""
+        with self._lock:
+            held = self.held.get(account, Counter())
+            return {what: held[what] for what in _WHAT}
+
     def charge_chars(self, account: str, n: int) -> None:
         """Count ``n`` characters of text against ``account``'s chars_per_minute, or raise
         QuotaExceeded (nothing counted) with the wait until they would fit."""

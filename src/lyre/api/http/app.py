@@ -157,7 +157,10 @@ async def stats(request: web.Request) -> web.Response:
     snapshot = service.stats()
     if snapshot is None:
         return web.json_response({})
-    return web.json_response(snapshot.as_dict(None if service.sees_all(account) else account))
+    body = snapshot.as_dict(None if service.sees_all(account) else account)
+    if "account" in body:
+        body["account"].update(service.quotas.usage(account))  # its WebSocket contexts, enrollments, verifies
+    return web.json_response(body)
 
 
 async def health(request: web.Request) -> web.Response:
