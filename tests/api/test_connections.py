@@ -91,6 +91,7 @@ def test_a_kept_alive_connections_next_request_has_its_own_header_timeout(guarde
 
 
 def test_one_address_holds_at_most_its_connections_counted_from_accept(guarded):
+    guarded.connections_settled()
     held = [websocket(guarded) for _ in range(3)]
     refused = connect(guarded)
     assert closed_by_server(refused) == b""  # closed at once, before it sent anything
@@ -107,6 +108,7 @@ def test_one_address_holds_at_most_its_connections_counted_from_accept(guarded):
 
 def test_past_the_servers_cap_new_connections_are_closed_at_once(guarded):
     # max_connections 8: 6 for the REST port (the rest is the gRPC port's), from 3 addresses
+    guarded.connections_settled()
     held = [websocket(guarded, f"127.0.0.{2 + i // 2}") for i in range(6)]
     refused = connect(guarded, "127.0.0.9")
     assert closed_by_server(refused) == b""

@@ -41,6 +41,8 @@ def test_an_idle_socket_is_closed_but_a_speaking_one_is_not(strict_server):
 
 
 def test_one_client_address_may_hold_only_so_many_connections(strict_server):
+    strict_server.connections_settled()
+
     async def go():
         sockets = [await websockets.connect(ws_url(strict_server)) for _ in range(2)]
         for ws in sockets:  # keep them from idling out: open contexts waiting for a sentence end

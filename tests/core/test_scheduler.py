@@ -203,6 +203,31 @@ def test_a_listener_does_not_pay_for_its_servers_stall():
     assert done(events).outcome == "finished" and s.audio_samples == 300 * 2048
 
 
+def test_a_listener_does_not_pay_for_its_event_loops_lateness():
+    """The engine thread runs on, but the event loop that writes audio to the clients is starved for
+    5 s (its heartbeat stops): the client reads nothing meanwhile, through no fault of its own. Its
+    listener's clock pauses while the loop is late, so once the loop beats again and the client reads
+    at playback speed, it is not cut; the same client with the loop on time all along is cut."""
+    assert listener_through_a_silent_spell(loop_starved=True) == ("finished", None)
+    assert listener_through_a_silent_spell(loop_starved=False) == ("cancelled", "slow_consumer")
+
+
+def listener_through_a_silent_spell(loop_starved: bool, dt: float = 0.002) -> tuple[str, str | None]:
+    """A player that reads nothing for 5 s (its event loop starved, or not), then at playback speed."""
+    sch, engine, clock, gate = make(capacity=2, tokens=7 * 300, consumer_timeout_s=2.0, session_timeout_s=30.0,
+                                    max_buffer_s=1.0)
+    s, events = open_session(sch, gate, clock, "listener", reads=False)
+    for phase, seconds in (("playing", 1.0), ("silent", 5.0), ("playing", 60.0)):
+        for _ in range(int(seconds / dt)):
+            if phase == "playing" or not loop_starved:
+                sch.loop_beat = clock()  # the event loop is on time
+            sch.step()
+            clock.advance(dt)
+            if phase == "playing" and s.first_audio_at is not None:
+                s.consumed_samples = min(s.audio_samples, s.consumed_samples + round(dt * 24000))
+    return done(events).outcome, done(events).reason
+
+
 def test_a_client_that_stops_reading_is_cut_off_once_it_is_consumer_timeout_s_behind_its_clock():
     sch, engine, clock, gate = make(capacity=2, tokens=10_000, consumer_timeout_s=2.0, max_buffer_s=1.0)
     reader, r_events = open_session(sch, gate, clock, "reader")  # takes every chunk at once

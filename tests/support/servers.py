@@ -87,6 +87,16 @@ class Asking:
     def stats(self) -> dict:
         return self.get("/v1/stats")[1]
 
+    def connections_settled(self, headers: dict | None = None) -> None:
+        """Wait until the server has seen every earlier connection of this test close (a client's
+        close reaches the server a moment later): only the asking one is open."""
+
+        def settled() -> bool:
+            text = self.get("/metrics", headers)[1]
+            return "lyre_connections_open 1.0" in text.splitlines()
+
+        until(settled, what="the earlier connections to close on the server's side")
+
     def eventually_idle(self, timeout: float = 60.0) -> dict:
         """Wait until no session holds a KV slot or waits for one; returns the stats. (Sessions end on
         the engine thread a step after their client left: asked every few tens of milliseconds.)"""

@@ -41,6 +41,7 @@ from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
 log = logging.getLogger("lyre.scheduler")
 
 OUTCOME_LABELS = {"cancelled", "timeout", "slow_consumer", "shutdown", "delivery_failed"}
+LOOP_LATE_S = 0.5  # the event loop's heartbeat older than this: it is late writing audio, listeners' clocks pause
 
 
 class Scheduler:
@@ -73,6 +74,9 @@ class Scheduler:
         self.total_ended = 0
         self.snapshot: StatsSnapshot | None = None  # published after every step
         self.closed: tuple[str, str] | None = None  # shut down: the outcome and reason of any later session
+        # when the event loop that writes audio to clients last beat (written by it; on ``clock``'s scale);
+        # None: no loop watched (a library caller that reads in its own time)
+        self.loop_beat: float | None = None
         self.publish()
 
     # --- messages from the consumer side (delivered on the engine thread) -----------------------
@@ -176,8 +180,9 @@ class Scheduler:
             if reason:
                 self.pending.remove(s)
                 self._end(s, CANCELLED, reason, now)
+        late = self.loop_beat is not None and now - self.loop_beat > LOOP_LATE_S
         for s in list(self.active.values()):
-            s.tick(now)
+            s.tick(now, server_late=late)
             s.throttled = s.unread_seconds > self.cfg.max_buffer_s
             reason = s.cancel_reason
             if reason is None and now - s.last_progress() > self.cfg.session_timeout_s:

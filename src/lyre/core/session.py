@@ -9,7 +9,8 @@ player: ``played_s`` advances with time but, like a player that waits when its b
 not past the audio delivered — unless the session is *throttled* (it stopped generating because
 its client left too much audio unread): then the wait is the client's, and its clock runs on, by at
 most :data:`MAX_RUN_ON_S` between two ticks (the engine thread ticks every step: a longer gap is the
-server's lateness, which a listener never pays for). Slack
+server's lateness, which a listener never pays for). While the event loop that writes audio to the
+clients is late (a starved process), the clock pauses altogether. Slack
 (audio delivered minus audio played) orders decoding and chunk sizes; how far the client's reads
 are behind ``played_s`` decides whether it is a slow consumer.
 """
@@ -130,15 +131,21 @@ class Session:
         if not self.listen_on_read:
             self.clock_at = self.last_read_at = now
 
-    def tick(self, now: float) -> None:
-        """Advance the listener's clock to ``now`` and note whether the client read anything since."""
+    def tick(self, now: float, server_late: bool = False) -> None:
+        """Advance the listener's clock to ``now`` and note whether the client read anything since.
+        ``server_late``: the process could not hand audio to the client in time (its event loop is
+        late): the clock pauses, and so does the time since the client's last read."""
         if self.clock_at is None:
             if self.first_audio_at is not None and self.consumed_samples > 0:  # its turn came: it is heard now
                 self.clock_at = self.last_read_at = now
                 self._seen_consumed = self.consumed_samples
             return
         dt, self.clock_at = max(0.0, now - self.clock_at), now
-        if self.throttled:  # the client is the reason it waits: its clock runs on past the audio, but by at
+        if server_late:
+            self.last_read_at += dt
+            if self.unread_since is not None:
+                self.unread_since += dt
+        elif self.throttled:  # the client is the reason it waits: its clock runs on past the audio, but by at
             # most MAX_RUN_ON_S a tick: a longer gap between ticks is the server's own lateness (a long
             # step, a starved process), and through it the listener only plays what it has
             self.played_s = max(self.played_s + min(dt, MAX_RUN_ON_S), min(self.played_s + dt, self.audio_seconds))

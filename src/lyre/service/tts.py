@@ -41,7 +41,7 @@ from lyre.errors import (
     UnknownVoice,
 )
 from lyre.model import checkpoint, orpheus
-from lyre.service import runtime
+from lyre.service import runtime, upkeep
 from lyre.service.options import SynthesisRequest, parse
 from lyre.service.stream import Audio, SpeechStream
 from lyre.service.text import MAX_SEGMENT_CHARS, split_text
@@ -76,6 +76,7 @@ class TTSService:
         self.backend: Any = None  # BackendChoice once loaded
         self.voices = Voices(config)  # cloned voices (the registry opens with the service)
         self._sweeper: asyncio.Task | None = None
+        self._beat: asyncio.Task | None = None
         self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
         self.audit: AuditTrail | None = None
         w = config.watermark
@@ -101,7 +102,9 @@ class TTSService:
         self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
         self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
         self.voices.on_delete.append(self._forget_voice)
-        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_deleted_voices())
+        loop = asyncio.get_running_loop()
+        self._sweeper = loop.create_task(upkeep.sweep_deleted_voices(self.voices, self._kept_prefixes))
+        self._beat = loop.create_task(upkeep.heartbeat(self.scheduler))
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -109,8 +112,9 @@ class TTSService:
 
     async def aclose(self) -> None:
         """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._beat):
+            if task is not None:
+                task.cancel()
         if self._loop is not None and self._loop.thread.is_alive():
             await asyncio.to_thread(self._loop.stop)
         if self.audit is not None:
@@ -228,26 +232,12 @@ class TTSService:
         utterance.end()
         return utterance
 
-    async def _sweep_deleted_voices(self) -> None:
-        """Every ``voices.sweep_s``: :meth:`_sweep_once`."""
-        while True:
-            await asyncio.sleep(self.config.voices.sweep_s)
-            try:
-                await self._sweep_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 - the database is away: try again next time
-                log.warning("could not check kept prefixes against the voices database: %s", e)
-
     async def _sweep_once(self) -> None:
-        """Kept prefixes of voices deleted elsewhere (another replica sharing the database) are
-        dropped here too. (A deletion through this process drops them at once.)"""
-        kept = await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
-        ids = {key.split(":", 1)[0] for key in kept}
-        if ids:
-            for gone in ids - await asyncio.to_thread(self.voices.registry.existing, ids):
-                log.info("voice %s was deleted elsewhere: its kept prefix is dropped", gone)
-                self.voices.forget(gone)
+        """(:func:`lyre.service.upkeep.sweep_once`.)"""
+        await upkeep.sweep_once(self.voices, self._kept_prefixes)
+
+    async def _kept_prefixes(self) -> list[str]:
+        return await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
 
     def _forget_voice(self, voice_id: str) -> None:
         """A deleted voice's kept prefix leaves the engine at its next step."""

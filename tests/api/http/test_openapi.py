@@ -98,11 +98,14 @@ def test_an_undocumented_answer_is_caught(spec, server):
 
 
 def test_key_overload_and_drain_answers_match_the_document(spec):
-    """401 on every /v1/ route, 429 with Retry-After past the per-client limit, and 503 on /ready
+    """401 on every /v1/ route, 429 with Retry-After past the per-client limit (a client behind a
+    trusted balancer: counted per request; a direct one is counted from accept), and 503 on /ready
     and new speech while draining. (In-process: the drain is the one SIGTERM begins.)"""
     auth = {"Authorization": "Bearer s3cret"}
+    client = {**auth, "X-Forwarded-For": "203.0.113.9"}
     # a held stream reads nothing for a while: never a slow consumer here
     with serve_in_process("server.api_key=s3cret", "server.max_connections_per_client=2",
+                          "server.trusted_proxies=[127.0.0.1]",
                           "server.drain_timeout_s=120", *HOLD_SETTINGS) as srv:
         for method, path in (("GET", "/v1/voices"), ("GET", "/v1/models"), ("GET", "/v1/stats"),
                              ("POST", SPEECH), ("GET", "/v1/audio/stream")):
@@ -111,9 +114,9 @@ def test_key_overload_and_drain_answers_match_the_document(spec):
 
         async def held_sockets():
             url = srv.http.replace("http", "ws") + "/v1/audio/stream"
-            async with websockets.connect(url, additional_headers=auth), \
-                    websockets.connect(url, additional_headers=auth):
-                return await asyncio.to_thread(call, spec, "GET", srv.http + "/v1/voices", headers=auth)
+            async with websockets.connect(url, additional_headers=client), \
+                    websockets.connect(url, additional_headers=client):
+                return await asyncio.to_thread(call, spec, "GET", srv.http + "/v1/voices", headers=client)
 
         r = asyncio.run(held_sockets())
         assert r.status_code == 429 and int(r.headers["Retry-After"]) >= 1

@@ -14,7 +14,7 @@ from lyre.service.tts import TTSService
 SERVICE = web.AppKey("service", TTSService)
 INFLIGHT = web.AppKey("inflight", InFlight)
 MAX_BODY = web.AppKey("max_body", int)
-ACCOUNT = "lyre.account"  # request key: the account the request's API key names
+ACCOUNT = web.RequestKey("account", str)  # the account the request's API key names
 
 
 def error_response(status: int, message: str, type_: str, code: str, headers: dict | None = None) -> web.Response:
