@@ -124,6 +124,24 @@ def test_websocket_contexts_are_counted_over_all_of_an_accounts_sockets(shared):
     assert done["done"] and again["done"]
 
 
+def test_a_context_cancelled_before_it_started_gives_its_place_back(shared):
+    async def go():
+        async with websockets.connect(ws_url(shared), additional_headers=[
+                ("Authorization", auth("victim")["Authorization"])]) as ws:
+            for i in range(4):  # each opened and cancelled at once: often in one read of the socket
+                await ws.send(json.dumps({"context_id": f"c{i}", "text": "Hi."}))
+                await ws.send(json.dumps({"context_id": f"c{i}", "cancel": True}))
+                while not (reply := json.loads(await ws.recv())).get("cancelled"):
+                    assert "error" not in reply, reply
+            await until_async(lambda: stats(shared, "victim")["account"]["ws_contexts"] == 0,
+                              what="every cancelled context's place back")
+            await ws.send(json.dumps({"context_id": "last", "text": "Still welcome."}))
+            return await until_done(ws, "last")
+
+    audio, done = asyncio.run(go())
+    assert done["done"] and audio
+
+
 def test_characters_per_minute_are_counted(shared):
     assert speech(shared, "chatty", "Twenty-five characters..").status_code == 200
     over = speech(shared, "chatty", "Twenty-five characters..")

@@ -56,7 +56,7 @@ def test_keys_can_be_given_hashed_from_a_file_and_from_the_environment(tmp_path,
     assert accounts.account("Bearer k-carol") == "carol" and accounts.account("Bearer k-dave") == "dave"
     assert accounts.account("Bearer k-erin") == "erin"
     assert accounts.account(f"Bearer {hashed}") is None  # the hash itself is not a key
-    assert accounts.names == ("alice", "carol", "dave", DEFAULT_ACCOUNT, "erin")
+    assert accounts.names == ("alice", "carol", "dave", "erin")
 
 
 def test_a_bad_keys_file_is_refused_without_showing_a_key(tmp_path, monkeypatch):

@@ -45,3 +45,52 @@ def test_characters_per_minute_slide_with_the_clock():
     quotas.charge_chars("a", 30)
     with pytest.raises(TextTooLong, match="at most 100 a minute"):
         quotas.charge_chars("a", 101)  # can never fit: not a wait
+
+
+def test_a_lone_account_is_everyone_and_gets_no_derived_bound_on_places():
+    from lyre.config import ServerConfig
+    from lyre.trust.accounts import Accounts
+    from lyre.trust.quotas import UNBOUNDED
+
+    assert Accounts(ServerConfig(api_keys={"k": "acme"})).names == ("acme",)  # no unreachable "default"
+    lone = Quotas(load_config(None), ("default",)).of("default")
+    assert lone.max_ws_contexts == lone.max_enrollments == lone.max_verifies == UNBOUNDED
+    given = Quotas(load_config(None, {"accounts.default.max_verifies": 2}), ("default",)).of("default")
+    assert given.max_verifies == 2  # what the operator sets still holds
+
+
+def test_a_cancelled_caller_keeps_its_worker_place_until_its_job_has_ended():
+    import asyncio
+    import threading
+
+    from lyre.errors import OverloadedError
+    from lyre.service.workers import AudioWorkers
+
+    async def go():
+        workers = AudioWorkers(1, 1)
+        started, finish = threading.Event(), threading.Event()
+
+        def job():
+            started.set()
+            finish.wait(60)
+            return 1
+
+        async def caller():
+            with workers.place():
+                return await workers.run(job)
+
+        task = asyncio.get_running_loop().create_task(caller())
+        await asyncio.to_thread(started.wait, 60)
+        task.cancel()
+        await asyncio.sleep(0)  # (one turn: the cancellation reaches the caller)
+        with pytest.raises(OverloadedError, match="voices.max_in_flight"):
+            with workers.place():
+                pass  # the job still runs: its place is not free
+        finish.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        with workers.place():
+            pass  # now it is
+        workers.close()
+
+    asyncio.run(go())

@@ -12,7 +12,8 @@ and :class:`ConnectionGuard` decides:
   A trusted balancer's connections (``server.trusted_proxies``) are not counted per address: its
   clients are, per request, by their forwarded address;
 - a request's headers must have arrived within ``server.header_timeout_s`` of its first byte (the
-  first request's: of accept);
+  first request's: of accept), i.e. aiohttp must have handed it to the application by then (a
+  partial request pipelined behind a whole one is bounded by the keep-alive timeout instead);
 - its body must keep coming at ``server.body_min_bytes_per_s`` on average, after
   ``header_timeout_s`` of grace (a slow but honest 10 MB upload passes; a stalled one is cut, and
   whatever place it held is freed by its handler's unwinding);
@@ -137,7 +138,7 @@ class Guarded(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.address: str | None = None  # counted by the guard (None: refused, or not yet)
         self.state = HEADERS  # the first request's headers are awaited from accept
-        self._tail = b""  # the end of the header bytes seen so far (a terminator may span two reads)
+        self._handling = False  # a request is in the application's hands
         self._timer: asyncio.TimerHandle | None = None
         self._body: Any = None  # the current request's body stream, while its rate is watched
         self._body_since = 0.0
@@ -163,12 +164,6 @@ class Guarded(asyncio.Protocol):
         if self.state == IDLE:  # the next request on a kept-alive connection begins
             self.state = HEADERS
             self._arm(self.guard.header_timeout_s, "header_timeout_s: no complete request headers in time")
-        if self.state == HEADERS:
-            seen = self._tail + data
-            if b"\r\n\r\n" in seen:
-                self._headers_done()
-            else:
-                self._tail = seen[-3:]
         self.inner.data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -194,26 +189,28 @@ class Guarded(asyncio.Protocol):
     # --- the request's life, told by the middleware --------------------------------------------
 
     def request_started(self, request: web.BaseRequest) -> None:
-        """The request reached the application (its headers are complete); watch its body's rate."""
-        self._headers_done()
-        self.state = REQUEST
+        """The request reached the application: its headers are complete (aiohttp parsed them; bytes
+        are not scanned here, so blank lines before a request line earn no time); watch its body."""
+        self._disarm()
+        self.state, self._handling = REQUEST, True
         if request.body_exists and not request.content.is_eof():
             self._body, self._body_since = request.content, asyncio.get_running_loop().time()
             self._arm(self.guard.header_timeout_s + BODY_CHECK_S, None)
 
     def request_done(self) -> None:
-        """Its response has been sent: the connection is idle until the next request's first byte."""
+        """Its handler is done. The connection is idle until the next request's first byte, once the
+        body has all come: a body refused early (401, 413, 429) must still come at the minimum rate
+        while aiohttp reads past it, and its bytes are not the next request's."""
+        self._handling = False
+        if self._body is None or self._body.is_eof():
+            self._idle()
+
+    def _idle(self) -> None:
         self._disarm()
         self._body = None
         self.state = IDLE
-        self._tail = b""
 
     # --- timers ---------------------------------------------------------------------------------
-
-    def _headers_done(self) -> None:
-        if self.state == HEADERS:
-            self._disarm()
-            self.state = REQUEST
 
     def _arm(self, delay: float, reason: str | None) -> None:
         """In ``delay`` s: cut the connection for ``reason``; None: check the body's rate then."""
@@ -231,6 +228,8 @@ class Guarded(asyncio.Protocol):
             body = self._body
             if body is None or body.is_eof():
                 self._body = None
+                if not self._handling:
+                    self._idle()
                 return
             elapsed = asyncio.get_running_loop().time() - self._body_since - self.guard.header_timeout_s
             if body.total_bytes >= self.guard.body_min_bytes_per_s * elapsed:

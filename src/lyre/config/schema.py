@@ -174,7 +174,7 @@ class ServerConfig(Section):
     ws_max_message_bytes: int = Field(65536, ge=1024, le=64 * 2**20)  # one WebSocket message
     max_contexts_per_socket: int = Field(8, ge=1, le=1024)  # utterances open at once on one WebSocket
     ws_idle_timeout_s: float = Field(300.0, gt=0.0, le=86400.0)  # a WebSocket with nothing to say is closed
-    max_connections_per_client: int = Field(64, ge=0, le=100_000)  # open connections per address, from accept; 0 = off
+    max_connections_per_client: int = Field(256, ge=0, le=100_000)  # open connections per address, from accept; 0 = off
     # the connection layer of the REST/WebSocket port (lyre.api.connections): a request's headers must
     # arrive within header_timeout_s of its first byte (a new connection's first request: of accept); a
     # body must keep coming at body_min_bytes_per_s on average (after header_timeout_s of grace); an idle

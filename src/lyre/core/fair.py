@@ -45,7 +45,7 @@ class FairQueue:
     def admitted(self, session: Session) -> None:
         """``session`` (the head of its account's queue) got a slot: dequeue it, charge its account."""
         self.remove(session)
-        self._now = self._vtime[session.account]
+        self._now = max(self._now, self._vtime[session.account])  # (never back: see append)
         self._vtime[session.account] += 1.0 / self.weight(session.account)
 
     def remove(self, session: Session) -> None:

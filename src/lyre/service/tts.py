@@ -140,8 +140,8 @@ class TTSService:
 
     def sees_all(self, account: str) -> bool:
         """Whether ``account`` may see every account's figures (/metrics, the whole /v1/stats): an
-        operator account (server.operator_accounts), or anyone on a server without API keys."""
-        return not self.accounts.required or account in self.config.server.operator_accounts
+        operator account (server.operator_accounts), or anyone on a server of one account."""
+        return len(self.accounts.names) == 1 or account in self.config.server.operator_accounts
 
     @property
     def builtin_voices(self) -> tuple[str, ...]:

@@ -54,8 +54,18 @@ class AudioWorkers:
             self.in_flight -= 1
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """``fn(*args)`` in a worker thread. A caller cancelled meanwhile waits for a job that has
+        started to end before it unwinds, so the place it holds is freed only when the work is (a
+        client that cancels and retries cannot pile jobs up behind the bound)."""
+        work = self._pool.submit(fn, *args)
+        job = asyncio.wrap_future(work)
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            if not work.cancel():  # (a job not started yet is dropped; a running one is waited for)
+                with contextlib.suppress(BaseException):
+                    await job
+            raise
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -79,7 +79,8 @@ class Accounts:
     def __init__(self, server: ServerConfig):
         keys = configured_keys(server)
         self._tokens = [(_key_digest(key), account) for key, account in keys.items()]
-        self.names: tuple[str, ...] = tuple(sorted(set(keys.values()) | {DEFAULT_ACCOUNT}))  # every account there is
+        # every account there is: the keys' (no key names "default" unless api_key does), else "default"
+        self.names: tuple[str, ...] = tuple(sorted(set(keys.values()))) or (DEFAULT_ACCOUNT,)
 
     @property
     def required(self) -> bool:

@@ -1,10 +1,13 @@
 """Quotas: what each account may hold at once, and its share of the server when accounts wait.
 
-Every account (``server.api_keys``' accounts, and ``default``) has :class:`Limits`, from
-``accounts.quotas.<account>``, else ``accounts.default``, else derived from the server's size: with
-several accounts, one may hold at most 3/4 of the KV slots (and of the pending queue, of the
-WebSocket contexts the server can speak for, of the enrollments and verifications in flight), so
-that another's first request always finds room; a server with one account gives it everything.
+Every account (the configured keys' accounts; without keys, everyone is ``default``) has
+:class:`Limits`, from ``accounts.quotas.<account>``, else ``accounts.default``, else derived from
+the server's size: with several accounts, one may hold at most 3/4 of the KV slots (and of the
+pending queue, of the WebSocket contexts the server can speak for, of the enrollments and
+verifications in flight), so that another's first request always finds room. A server with one
+account gives it every slot and queued place, and no derived bound on contexts, enrollments and
+verifications: that account is everyone (per-address and server-wide limits bound them), and a
+bound on it would be a place one client could take from all the others.
 
 Who counts what: the admission gate (:mod:`lyre.core.admission`) counts an account's sessions
 (active + queued), the scheduler's fair queue (:mod:`lyre.core.fair`) keeps it to ``max_sessions``
@@ -26,6 +29,8 @@ from lyre.config import LyreConfig
 from lyre.errors import QuotaExceeded, TextTooLong
 
 SHARED = 0.75  # with several accounts, the most of any server-wide capacity one account may hold
+UNBOUNDED = 1 << 30
+_WHAT_KEYS = ("max_ws_contexts", "max_enrollments", "max_verifies")
 WINDOW_S = 60.0  # chars_per_minute is counted over this window
 
 
@@ -42,14 +47,15 @@ class Limits:
 
 def limits_for(cfg: LyreConfig, accounts: Sequence[str]) -> dict[str, Limits]:
     """Each of ``accounts``' limits (see the module's docstring)."""
-    s, share = cfg.scheduler, (SHARED if len(accounts) > 1 else 1.0)
+    s, shared = cfg.scheduler, len(accounts) > 1
 
     def part(whole: int, least: int = 1) -> int:
-        return max(least, int(whole * share))
+        return max(least, int(whole * SHARED)) if shared else whole
 
-    derived = dict(max_sessions=part(s.max_concurrent_sessions), max_queued=part(s.max_pending, 0),
-                   max_ws_contexts=part(s.max_concurrent_sessions + s.max_pending),
-                   max_enrollments=part(cfg.voices.max_in_flight), max_verifies=part(cfg.voices.max_in_flight),
+    places = dict(max_ws_contexts=part(s.max_concurrent_sessions + s.max_pending),
+                  max_enrollments=part(cfg.voices.max_in_flight),
+                  max_verifies=part(cfg.voices.max_in_flight)) if shared else dict.fromkeys(_WHAT_KEYS, UNBOUNDED)
+    derived = dict(max_sessions=part(s.max_concurrent_sessions), max_queued=part(s.max_pending, 0), **places,
                    chars_per_minute=0, weight=1.0)
     out = {}
     for account in accounts:

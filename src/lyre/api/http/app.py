@@ -191,9 +191,9 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    """Prometheus' figures of every account: with API keys, only for an operator account's key."""
+    """Prometheus' figures of every account: with several accounts, only for an operator account's key."""
     service = request.app[SERVICE]
-    if service.accounts.required:
+    if len(service.accounts.names) > 1:
         account = service.accounts.account(request.headers.get("Authorization"))
         if account is None or not service.sees_all(account):
             return error_response(403 if account else 401, "/metrics shows every account's figures: it needs the key "

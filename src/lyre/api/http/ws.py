@@ -239,6 +239,14 @@ class Context:
         self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
         self.sequence = 0
         self.task = asyncio.get_running_loop().create_task(self._pump())
+        # whatever ends it (a cancel even before its first step, when _pump's finally never runs),
+        # nothing it started keeps a slot, an encoder or its account's context place
+        self.task.add_done_callback(lambda _: self._ended())
+
+    def _ended(self) -> None:
+        self.utterance.cancel()
+        self.encoder.close()
+        self.socket.ended(self)
 
     def check_settings(self, m: WsMessage) -> None:
         """A later message may repeat this context's settings; one that would change them is refused."""
@@ -276,10 +284,6 @@ class Context:
             await self._json({"error": error_body(e)})
         except ConnectionResetError:  # the socket went away
             pass
-        finally:  # whatever ended it, nothing it started keeps a slot
-            self.utterance.cancel()
-            self.encoder.close()
-            self.socket.ended(self)
 
     async def _audio(self, data: bytes) -> None:
         if not data:
