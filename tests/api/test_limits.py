@@ -24,6 +24,13 @@ def strict_server(demo_dir):
         assert s.stop() == 0
 
 
+@pytest.fixture(scope="module")
+def capped_server(demo_dir):
+    with serve_in_process("server.max_connections_per_client=2") as s:
+        yield s
+        assert s.stop() == 0
+
+
 def test_an_idle_socket_is_closed_but_a_speaking_one_is_not(strict_server):
     async def go():
         async with websockets.connect(ws_url(strict_server)) as idle:
@@ -40,24 +47,37 @@ def test_an_idle_socket_is_closed_but_a_speaking_one_is_not(strict_server):
     assert len(b"".join(audio)) == 40 * 2048 * 2 and done["done"]
 
 
-def test_one_client_address_may_hold_only_so_many_connections(strict_server):
-    strict_server.connections_settled()
+def test_a_socket_whose_contexts_only_wait_for_text_is_closed_when_idle(strict_server):
+    async def go():
+        async with websockets.connect(ws_url(strict_server)) as ws:
+            await ws.send(json.dumps({"context_id": "c", "append": "no sentence end, and then nothing"}))
+            with pytest.raises(websockets.ConnectionClosed) as info:
+                while True:
+                    await ws.recv()
+        return info.value.rcvd
+
+    close = asyncio.run(go())
+    assert close.code == 1000 and "idle" in close.reason
+
+
+def test_one_client_address_may_hold_only_so_many_connections(capped_server):
+    capped_server.connections_settled()
 
     async def go():
-        sockets = [await websockets.connect(ws_url(strict_server)) for _ in range(2)]
+        sockets = [await websockets.connect(ws_url(capped_server)) for _ in range(2)]
         for ws in sockets:  # keep them from idling out: open contexts waiting for a sentence end
             await ws.send(json.dumps({"context_id": "c", "append": "waiting for more"}))
         with pytest.raises(aiohttp.ClientConnectionError) as rest:  # a third connection: closed at accept
-            async with aiohttp.ClientSession() as s, s.post(strict_server.http + "/v1/audio/speech",
+            async with aiohttp.ClientSession() as s, s.post(capped_server.http + "/v1/audio/speech",
                                                             json={"input": "hi"}) as r:
                 await r.read()
-        async with grpc.aio.insecure_channel(strict_server.grpc) as channel:
+        async with grpc.aio.insecure_channel(capped_server.grpc) as channel:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(text="hi"))
         await sockets[0].close()
         async with aiohttp.ClientSession() as s:  # a place is free again (once the server saw the close)
             async def admitted() -> tuple[int, int] | None:
-                async with s.post(strict_server.http + "/v1/audio/speech",
+                async with s.post(capped_server.http + "/v1/audio/speech",
                                   json={"input": "hi", "response_format": "pcm"}) as r:
                     return None if r.status == 429 else (r.status, len(await r.read()))
 

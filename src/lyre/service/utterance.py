@@ -89,6 +89,11 @@ class Utterance:
         """Text received but not yet handed to synthesis."""
         return self._text.pending_chars + self._queued_chars + len(self._held)
 
+    @property
+    def speaking(self) -> bool:
+        """Whether it has something to say: pieces started or waiting, or audio still to come after its end."""
+        return not self.closed and bool(self._streams or self._queue or self.ended)
+
     def append(self, text: str) -> None:
         """Add text; complete pieces start synthesising at once. Raises InvalidRequest (nothing
         changes) for text that is not a string, not valid Unicode, or would exceed the bound."""

@@ -22,7 +22,7 @@ Every bad message (not JSON, unknown fields, no action, wrong types, a refused s
 ``{"error": {...}}`` frame (with its ``context_id``) and changes nothing else: a refused first
 message opens nothing, and other contexts on the socket go on. Limits: ``server.ws_max_message_bytes``
 (larger messages close the socket with 1009), ``server.max_contexts_per_socket``,
-``server.ws_idle_timeout_s`` (a socket with no open context and no message for that long is closed
+``server.ws_idle_timeout_s`` (a socket with nothing to speak and no message for that long is closed
 with 1000). There is no heartbeat: a listener that reads slowly is ended by the slow-consumer rule,
 not by a missed pong.
 """
@@ -91,9 +91,13 @@ class Socket:
     async def serve(self, idle_timeout_s: float) -> None:
         while not self.ws.closed:
             try:
-                msg = await self.ws.receive(timeout=None if self.contexts else idle_timeout_s)
+                msg = await self.ws.receive(timeout=idle_timeout_s)
             except asyncio.TimeoutError:
-                await self.ws.close(code=WSCloseCode.OK, message=b"idle: no open context and no message")
+                if any(ctx.utterance.speaking for ctx in self.contexts.values()):
+                    continue  # the silence is the server's: it is still speaking
+                # nothing to say and no message: open contexts waiting for text hold nothing forever
+                await self.close_all(None)
+                await self.ws.close(code=WSCloseCode.OK, message=b"idle: no message and nothing to speak")
                 return
             if msg.type == WSMsgType.TEXT:
                 await self.handle(msg.data)
