@@ -15,9 +15,8 @@ import requests
 
 from tests.support.audio_files import audio_file, speechlike
 from tests.support.servers import serve_in_process
+from tests.support.sockets import CLOSED_WITHIN_S, until_closed
 from tests.support.waiting import until
-
-CLOSED_WITHIN_S = 60.0  # a bound for a stuck server, not a measurement
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +48,8 @@ def websocket(server, source: str = "127.0.0.1") -> socket.socket:
 
 def closed_by_server(sock: socket.socket) -> bytes:
     """Everything the server sent until it closed the connection (EOF or reset)."""
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    sock.close()
-    return data
+    with sock:
+        return until_closed(sock)
 
 
 def metric(server, name: str, reason: str) -> float:
