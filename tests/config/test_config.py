@@ -90,7 +90,7 @@ def test_override_adds_a_tuning_profile():
         ("scheduler.max_batch_size=64", ["scheduler.max_batch_size", "64", "max_concurrent_sessions (32)"]),
         ("scheduler.flush_every_n_tokens=10", ["scheduler.flush_every_n_tokens", "10", "multiple of 7"]),
         ("scheduler.policy=lifo", ["scheduler.policy", "'lifo'", "'fair', 'deadline'"]),
-        ("sampling.top_p=0", ["sampling.top_p", "0", "must be > 0.0"]),
+        ("sampling.top_p=0", ["sampling.top_p", "0", "must be >= 0.001"]),
         ("sampling.temperature=-1", ["sampling.temperature", "-1", ">= 0.0"]),
         ("sampling.max_tokens=5000", ["sampling.max_tokens", "5000", "kv_cache.max_seq_len (4096)"]),
         ("server.port=70000", ["server.port", "70000", "<= 65535"]),

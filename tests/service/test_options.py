@@ -45,7 +45,7 @@ def test_the_request_options_take_their_sampling_limits_from_the_config():
     try:
         load_config(None, {"sampling.top_p": 0})
     except ValueError as e:
-        assert "sampling.top_p" in str(e) and "must be > 0.0 and <= 1.0" in str(e)
+        assert "sampling.top_p" in str(e) and "must be >= 0.001 and <= 1.0" in str(e)
     else:
         raise AssertionError("top_p = 0 was accepted")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from lyre.model.orpheus import OPENAI_VOICE_ALIASES, RIVA_SUBVOICES, VOICES
 
@@ -98,20 +98,30 @@ class KVCacheConfig(Section):
     enable_block_reuse: bool = True
 
 
+MIN_TEMPERATURE = 0.01
+
+
 class SamplingConfig(Section):
     """Defaults of every request's sampling, and the one place their limits are declared: a
     request's own values (:class:`lyre.service.options.SamplingOptions`) and an engine's last check
     (:meth:`lyre.engine.base.SamplingParams.validate`) are held to these."""
 
-    temperature: float = Field(0.6, ge=0.0, le=5.0)  # 0 = greedy
-    top_p: float = Field(0.8, gt=0.0, le=1.0)
+    temperature: float = Field(0.6, ge=0.0, le=5.0)  # 0 = greedy; else at least MIN_TEMPERATURE
+    top_p: float = Field(0.8, ge=0.001, le=1.0)  # (below 0.001 the nucleus underflows: use top_k 1)
     top_k: int = Field(0, ge=0, le=1_000_000)  # 0 = off
     repetition_penalty: float = Field(1.1, ge=1.0, le=3.0)  # 1 = off
     repetition_window: int = Field(64, ge=0)  # most recent generated tokens penalised; 0 = all
     max_tokens: int = Field(1200, ge=1, le=100_000)
-    min_tokens: int = Field(0, ge=0, le=100_000)
+    min_tokens: int = Field(0, ge=0, le=100_000)  # here (not in a request) above max_tokens: every stream runs to its max
     constrain_audio: bool = True
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SamplingConfig:
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"'temperature' = {self.temperature} is out of range: 0 (greedy) or at least "
+                             f"{MIN_TEMPERATURE} (smaller values overflow the logits)")
+        return self
 
 
 class SchedulerConfig(Section):

@@ -66,6 +66,6 @@ def request_error(model: type[BaseModel], err: Mapping[str, Any]) -> InvalidRequ
         return InvalidRequest(f"'{name}' is longer than {err['ctx']['max_length']} characters")
     if kind == "literal_error":
         return OutOfRange(f"'{name}' must be {err['ctx']['expected']}, got {got}")
-    if kind == "value_error":
-        return InvalidRequest(f"'{name}' {err['ctx']['error']}")
+    if kind == "value_error":  # a rule between options names them itself
+        return InvalidRequest(f"'{name}' {err['ctx']['error']}" if err["loc"] else str(err["ctx"]["error"]))
     return InvalidRequest(f"'{name}': {err['msg']}, got {got}")

@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 
 from lyre.config import SamplingConfig
 from lyre.config.validation import limits_of, request_error
@@ -51,6 +59,12 @@ class SamplingOptions(_Options):
     max_tokens: int | None = Field(None, **_limit("max_tokens"), description="audio tokens at most (about 83 a second)")
     min_tokens: int | None = Field(None, **_limit("min_tokens"), description="end-of-speech is held back until this many")
     seed: int | None = Field(None, **_limit("seed"), description="makes the sampling reproducible")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> SamplingOptions:
+        if self.min_tokens is not None and self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"'min_tokens' = {self.min_tokens} is more than 'max_tokens' = {self.max_tokens}")
+        return self
 
     def sampling(self) -> dict[str, Any]:
         """The sampling overrides given (for ``TTSService.stream(..., **overrides)``)."""

@@ -34,6 +34,7 @@ from lyre.core.stats import StatsSnapshot
 from lyre.engine.base import SamplingParams
 from lyre.errors import (
     InvalidRequest,
+    OutOfRange,
     OverloadedError,
     QuotaExceeded,
     ServiceUnavailable,
@@ -289,7 +290,15 @@ class TTSService:
         return self.voices.resolve_now(voice, account)
 
     def _sampling(self, request: SynthesisRequest) -> SamplingParams:
-        return SamplingParams.from_config(self.config.sampling, **request.sampling())
+        """The request's sampling over the config's, checked as a whole before it reaches the engine
+        (a request's ``min_tokens`` above its ``max_tokens`` is refused; a ``max_tokens`` below the
+        config's ``min_tokens`` brings that down with it)."""
+        given = request.sampling()
+        if "max_tokens" in given and "min_tokens" not in given:
+            given["min_tokens"] = min(self.config.sampling.min_tokens, given["max_tokens"])
+        params = SamplingParams.from_config(self.config.sampling, **given)
+        params.validate()
+        return params
 
     def _prepare(self, text: str, voice: str | Voice, sampling: dict[str, Any]) -> tuple[list[Segment], SamplingParams]:
         cfg = self.config
@@ -313,8 +322,12 @@ class TTSService:
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
         longest = max(len(s.prompt_ids) for s in segments)
-        if longest >= cfg.kv_cache.max_seq_len:
+        room = cfg.kv_cache.max_seq_len - longest
+        if room < 1:
             raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")
+        if params.max_tokens > room:  # never capped silently by the engine
+            raise OutOfRange(f"'max_tokens' = {params.max_tokens} is out of range: with this prompt ({longest} tokens) "
+                             f"a slot of kv_cache.max_seq_len {cfg.kv_cache.max_seq_len} tokens holds at most {room}")
         return segments, params
 
     async def on_engine_thread(self, fn: Callable[[], Any]) -> Any:
