@@ -9,6 +9,7 @@
   python benchmark.py --mode codec [--batches 1,4,16] [--chunk 2] [--runtimes torch,onnxruntime,openvino]
   python benchmark.py --mode soak [--requests 10000] [--concurrent 8] [--disconnect 0.3] [--cancel 0.1]
   python benchmark.py --mode watermark [--requests 20]
+  python benchmark.py --mode isolation [--requests 12] [--concurrent 2] [--attacks half_open,account_flood] [--quick]
 
 scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
 runs already, else a server the benchmark starts from --config/--set and stops by its process id.
@@ -25,6 +26,11 @@ three protocols (then: slots, sessions and codec states left, RSS growth, error 
 burst, SIGTERM under load, and hypothesis fuzzing of every surface.
 watermark: detection of the output watermark on --requests (20) outputs and espeak-ng speech clips as
 WAV, after MP3 128 kbps and 8 kHz mu-law; false positives on unmarked speech; cost next to the codec.
+isolation: on a server it starts with a victim and an attacker account and RLIMIT_NOFILE --nofile, the
+victim's --requests syntheses (at --concurrent, default 2), verifications, enrollments and /health,
+quiet and then under each attack (half-open connection flood, one account's sessions and contexts,
+stalled verify uploads, enrollment flood, oversized audio), each run by a process started and
+stopped by its pid; per phase the server's peak RSS and descriptors and whether they came back.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from pathlib import Path
 from lyre.audio.formats import FORMATS
 from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
+from lyre.benchmarks import isolation as isolation_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
@@ -67,8 +74,8 @@ def _codec_modes(p: argparse.ArgumentParser, text: str | None) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak", "watermark"],
-                   required=True)
+    p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak", "watermark",
+                                      "isolation"], required=True)
     add_config_arguments(p)
     load = p.add_argument_group("load (scaling, all, tuning)")
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
@@ -126,6 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--fuzz-examples", type=int, default=100, help="fuzz examples per surface")
     soak.add_argument("--seed", type=int, default=0, help="seed of the soak's plan")
     soak.add_argument("--random", action="store_true", help="fuzz with fresh random examples (default: derandomized)")
+    iso = p.add_argument_group("isolation (--requests: the victim's syntheses per phase, default 12; --concurrent "
+                               "default 2; --max-tokens default 84)")
+    iso.add_argument("--attacks", default=",".join(isolation_bench.ATTACKS),
+                     help=f"attacks to run, in this order (default {','.join(isolation_bench.ATTACKS)})")
+    iso.add_argument("--nofile", type=int, default=1024, help="the server's RLIMIT_NOFILE, soft and hard (default 1024)")
+    iso.add_argument("--quick", action="store_true", help="a small run (the test suite's): 3 syntheses per phase, "
+                                                          "small attacks, RLIMIT_NOFILE at most 256")
     p.add_argument("--output", type=Path, help="write every figure, the settings and the machine as JSON")
     return p
 
@@ -134,7 +148,7 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     if args.concurrent is None:
-        args.concurrent = 8 if args.mode == "soak" else 16
+        args.concurrent = {"soak": 8, "isolation": 2}.get(args.mode, 16)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
@@ -162,6 +176,20 @@ def main(argv=None) -> int:
                 p.error("--disconnect + --cancel must be within [0, 1] and --requests >= 1")
             result = soak_bench.run(args.config, cfg, tuple(args.overrides), settings, progress=say)
             text = soak_bench.table(result)
+        elif args.mode == "isolation":
+            attacks = tuple(x.strip() for x in args.attacks.split(",") if x.strip())
+            if set(attacks) - set(isolation_bench.ATTACKS) or args.url:
+                p.error(f"--attacks takes {', '.join(isolation_bench.ATTACKS)}; the mode starts its own server (no --url)")
+            if args.nofile < 64 or (args.requests is not None and args.requests < 1) or args.concurrent < 1:
+                p.error("--nofile must be >= 64, --requests and --concurrent >= 1")
+            settings = isolation_bench.IsolationSettings(
+                victim=isolation_bench.VictimSettings(requests=args.requests or 12, concurrency=args.concurrent,
+                                                      max_tokens=args.max_tokens or 84),
+                attacks=attacks, nofile=args.nofile, sizes=isolation_bench.attack_sizes(args.nofile, False))
+            if args.quick:
+                settings = isolation_bench.quick(settings)
+            result = isolation_bench.run(args.config, tuple(args.overrides), settings, progress=say)
+            text = isolation_bench.table(result)
         elif args.mode == "watermark":
             result = watermark_bench.run(cfg, args.requests or 20, progress=say)
             text = watermark_bench.table(result)
