@@ -100,3 +100,14 @@ def test_a_lone_account_may_use_the_whole_server():
                    ("a", "b"))
     assert (given.of("a").max_sessions, given.of("a").weight) == (2, 2.0)  # the default's, and its own weight
     assert given.of("b").weight == 1.0
+
+
+def test_accounts_take_turns_and_the_first_turn_rotates():
+    from lyre.core.fair import by_account
+
+    ordered = ["a1", "a2", "a3", "v1", "a4"]  # most urgent first: one account's many ahead of another's one
+    assert by_account(ordered, lambda x: x[0]) == ["a1", "v1", "a2", "a3", "a4"]
+    # a round that has room for only one job still reaches the other account every other round
+    firsts = [by_account(ordered, lambda x: x[0], turn)[0] for turn in range(4)]
+    assert firsts == ["a1", "v1", "a1", "v1"]
+    assert by_account(["a1", "a2"], lambda x: x[0], 3) == ["a1", "a2"]  # one account: its own order

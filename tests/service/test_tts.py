@@ -284,3 +284,32 @@ def test_an_engine_built_for_another_gpu_or_model_is_refused_at_load(tmp_path):
     h100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "1.2.1", "10.13.2.6")
     with pytest.raises(LyreError, match="resolve to the demo checkpoint: set model.path"):
         runtime.build_engine(cfg, trtllm, h100, model)  # the manifest matches, but the tokenizer would be the demo's
+
+
+def test_one_accounts_many_streams_do_not_starve_anothers_few():
+    """Six long streams of one account, read as fast as they come, and one short stream of another:
+    the short one is spoken to its end while the long ones go on. (The batch's seats and the codec's
+    round are shared by accounts: per session, the many streams, always short of audio, came first
+    in the codec every round, and the other account's stream never got past its first chunk.)"""
+    async def go():
+        async with service(**{"server.api_keys": {"ka": "attacker", "kv": "victim"}, "sampling.max_tokens": 420,
+                              "scheduler.max_concurrent_sessions": 8}) as tts:
+            speaking = asyncio.Event()
+            flood = [tts.stream("A long answer that goes on.", account="attacker") for _ in range(6)]
+            readers = [asyncio.get_running_loop().create_task(_read_all(s, speaking)) for s in flood]
+            await speaking.wait()  # the flood is speaking
+            victim = [c async for c in tts.stream("Mine.", account="victim", max_tokens=42, min_tokens=42)]
+            still = sum(not r.done() for r in readers)
+            for s in flood:
+                s.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
+            return victim, still
+
+    victim, still = run(go())
+    assert sum(len(c.pcm) for c in victim) == 6 * 2048  # all of it
+    assert still == 6  # while every long stream was still going
+
+
+async def _read_all(stream, speaking: asyncio.Event) -> None:
+    async for _ in stream:
+        speaking.set()

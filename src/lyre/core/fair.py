@@ -13,8 +13,36 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from lyre.core.session import Session
+
+T = TypeVar("T")
+
+
+def by_account(ordered: list[T], account: Callable[[T], str], turn: int = 0) -> list[T]:
+    """``ordered`` taken one item per account in turn (accounts in the order of their first item,
+    rotated by ``turn``, so that a budget cut after the first few does not always fall on the same
+    account; each account's items in their order). The engine's batch seats and the codec's round are shared
+    this way by accounts, not by sessions: one account's many streams cannot starve another's few
+    (its many streams, always short of audio, would otherwise always come first)."""
+    queues: dict[str, list[T]] = {}
+    for item in ordered:
+        queues.setdefault(account(item), []).append(item)
+    if len(queues) < 2:
+        return ordered
+    out: list[T] = []
+    turns = [iter(q) for q in queues.values()]
+    turns = turns[turn % len(turns):] + turns[:turn % len(turns)]
+    while turns:
+        still = []
+        for it in turns:
+            item = next(it, None)
+            if item is not None:
+                out.append(item)
+                still.append(it)
+        turns = still
+    return out
 
 
 class FairQueue:

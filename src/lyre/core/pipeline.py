@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from lyre.codec.base import StreamSettings
+from lyre.core.fair import by_account
 from lyre.core.session import ACTIVE, ChunkEvent, Segment, Session
 from lyre.model import orpheus
 
@@ -62,6 +63,7 @@ class AudioPipeline:
         self._inflight: tuple[list[Job], Future] | None = None
         self.round_s = 0.0  # recent decode time of a round (exponential mean)
         self.frame_cost_s = 0.0  # recent decode time per frame (exponential mean)
+        self._rounds = 0  # rounds planned (the account served first rotates with it)
 
     # --- segments -------------------------------------------------------------------------------
 
@@ -161,7 +163,8 @@ class AudioPipeline:
             self._overlap.shutdown()
 
     def _plan(self, sessions: list[Session], now: float, out: AudioOutcome) -> list[Job]:
-        """Due jobs (at most one per session), least slack first, within the round's budget."""
+        """Due jobs (at most one per session), least slack first with accounts in turn, within the
+        round's budget."""
         due: list[Job] = []
         for s in sessions:
             try:
@@ -175,6 +178,8 @@ class AudioPipeline:
             elif s.current >= len(s.segments):
                 out.finished.append(s)
         due.sort(key=lambda j: (j[0].slack(now), j[0].order))
+        self._rounds += 1  # each account's most urgent first, accounts in turn (the first one rotating)
+        due = by_account(due, lambda j: j[0].account, self._rounds)
         budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
         jobs, used = [], 0
         for job in due:

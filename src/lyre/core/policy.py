@@ -4,12 +4,15 @@ Both policies put new sessions (fewer than ``ttfb_priority_tokens`` tokens) firs
 the rest. Over either order lies backpressure from the listener's clock (:meth:`Policy.decode_order`):
 a session whose client leaves ``max_buffer_s`` of audio unread is throttled (its tokens are not
 needed yet), and a session more than ``max_buffer_s`` ahead of its listener yields its seat while
-any other session still needs audio.
+any other session still needs audio. The seats of a step go to accounts in turn
+(:func:`lyre.core.fair.by_account`): an account with many streams gets more of the batch only when
+nobody else needs it.
 """
 
 from __future__ import annotations
 
 from lyre.config import SchedulerConfig
+from lyre.core.fair import by_account
 from lyre.core.session import Session
 
 
@@ -29,7 +32,7 @@ class Policy:
         ``max_batch_size`` that are ready)."""
         ordered = self.order([s for s in sessions if not s.throttled], step, now)
         needy = [s for s in ordered if s.slack(now) <= self.cfg.max_buffer_s]
-        return needy or ordered  # far-ahead sessions run only when nobody needs audio
+        return by_account(needy or ordered, lambda s: s.account)  # far-ahead ones run only when nobody needs audio
 
 
 class FairPolicy(Policy):
