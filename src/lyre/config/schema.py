@@ -238,7 +238,7 @@ class VoicesConfig(Section):
     # enrollments and verifications decode and encode audio in this many worker threads, at a lower CPU
     # priority than the engine's; at most max_in_flight of them (all accounts) wait or run at once
     workers: int = Field(1, ge=1, le=64)
-    max_in_flight: int = Field(4, ge=1, le=10_000)
+    max_in_flight: int = Field(8, ge=1, le=10_000)
 
 
 class AuditConfig(Section):

@@ -3,8 +3,9 @@
 Every account (the configured keys' accounts; without keys, everyone is ``default``) has
 :class:`Limits`, from ``accounts.quotas.<account>``, else ``accounts.default``, else derived from
 the server's size: with several accounts, one may hold at most 3/4 of the KV slots (and of the
-pending queue, of the WebSocket contexts the server can speak for, of the enrollments and
-verifications in flight), so that another's first request always finds room. A server with one
+pending queue, of the WebSocket contexts the server can speak for) and a quarter of the audio
+workers' places (``voices.max_in_flight``) for enrollments and another for verifications, so that
+another's first request always finds room. A server with one
 account gives it every slot and queued place, and no derived bound on contexts, enrollments and
 verifications: that account is everyone (per-address and server-wide limits bound them), and a
 bound on it would be a place one client could take from all the others.
@@ -52,9 +53,11 @@ def limits_for(cfg: LyreConfig, accounts: Sequence[str]) -> dict[str, Limits]:
     def part(whole: int, least: int = 1) -> int:
         return max(least, int(whole * SHARED)) if shared else whole
 
-    places = dict(max_ws_contexts=part(s.max_concurrent_sessions + s.max_pending),
-                  max_enrollments=part(cfg.voices.max_in_flight),
-                  max_verifies=part(cfg.voices.max_in_flight)) if shared else dict.fromkeys(_WHAT_KEYS, UNBOUNDED)
+    # of the audio workers' places, an account's enrollments and its verifications each take at most
+    # a quarter: half of them at most, so another account's upload always finds one
+    uploads = max(1, cfg.voices.max_in_flight // 4)
+    places = dict(max_ws_contexts=part(s.max_concurrent_sessions + s.max_pending), max_enrollments=uploads,
+                  max_verifies=uploads) if shared else dict.fromkeys(_WHAT_KEYS, UNBOUNDED)
     derived = dict(max_sessions=part(s.max_concurrent_sessions), max_queued=part(s.max_pending, 0), **places,
                    chars_per_minute=0, weight=1.0)
     out = {}
