@@ -94,3 +94,32 @@ def test_a_cancelled_caller_keeps_its_worker_place_until_its_job_has_ended():
         workers.close()
 
     asyncio.run(go())
+
+
+def test_waiting_audio_jobs_are_taken_one_account_at_a_time():
+    import asyncio
+    import threading
+
+    from lyre.service.workers import AudioWorkers
+
+    async def go():
+        workers = AudioWorkers(1, 10)
+        started, finish, ran = threading.Event(), threading.Event(), []
+
+        def job(name):
+            ran.append(name)
+            if name == "flood0":
+                started.set()
+                finish.wait(60)
+
+        flood = [asyncio.get_running_loop().create_task(workers.run(job, f"flood{i}", account="attacker"))
+                 for i in range(4)]
+        await asyncio.to_thread(started.wait, 60)  # the flood's first job holds the one worker
+        mine = asyncio.get_running_loop().create_task(workers.run(job, "mine", account="victim"))
+        await asyncio.sleep(0)  # (queued behind the flood's three waiting jobs)
+        finish.set()
+        await asyncio.gather(*flood, mine)
+        workers.close()
+        return ran
+
+    assert asyncio.run(go()) == ["flood0", "mine", "flood1", "flood2", "flood3"]

@@ -106,13 +106,13 @@ class Voices:
         name = check_name(name)
         transcript = self._check_transcript(transcript)
         with self.workers.place():
-            clip = await self.workers.run(prepare_clip, audio, self.config.voices)
+            clip = await self.workers.run(prepare_clip, audio, self.config.voices, account=account)
             most = self.config.voices.max_transcript_chars_per_second * clip.seconds
             if len(transcript) > most:
                 raise InvalidRequest(f"the transcript has {len(transcript)} characters, more than a {clip.seconds:.1f} "
                                      f"s clip can hold (at most {most:.0f}: voices.max_transcript_chars_per_second); "
                                      "give the exact words spoken in the clip")
-            tokens = await self.workers.run(self._encode, clip.pcm)
+            tokens = await self.workers.run(self._encode, clip.pcm, account=account)
         reference = len(orpheus.build_reference_ids(self._tokenizer, transcript, tokens))
         if reference > self.max_reference_tokens:
             raise InvalidAudio(f"the clip and transcript make a {reference}-token reference; this server has room for "

@@ -3,7 +3,7 @@
 ``voices.workers`` threads, each at a lower CPU priority than the rest of the process (a Linux
 thread has its own nice value), so that a flood of uploads slows uploads, not the engine thread's
 steps; at most ``voices.max_in_flight`` jobs of all accounts wait or run at once, more are refused
-at once (429). A job takes its place once its upload has been read: an upload that stalls holds
+at once (429); waiting jobs are taken one account at a time, in turn. A job takes its place once its upload has been read: an upload that stalls holds
 its connection (until the body timeout cuts it) and its account's quota, never a place here.
 (Torch's own intra-op threads, which a SNAC encode uses, are shared with the engine and keep their
 priority; ``voices.workers`` bounds how many encodes ask for them at once.)
@@ -16,8 +16,9 @@ import contextlib
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from lyre.errors import OverloadedError
@@ -39,7 +40,12 @@ class AudioWorkers:
     def __init__(self, workers: int, max_in_flight: int):
         self.max_in_flight = max_in_flight
         self.in_flight = 0
-        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="lyre-audio", initializer=_lower_priority)
+        self._jobs: dict[str, deque[tuple[Future, Callable[..., Any], tuple]]] = {}  # per account, in order
+        self._turn: deque[str] = deque()  # accounts with jobs waiting, the next to be served first
+        self._ready = threading.Condition()
+        self._closed = False
+        for i in range(workers):
+            threading.Thread(target=self._work, name=f"lyre-audio-{i}", daemon=True).start()
 
     @contextlib.contextmanager
     def place(self) -> Iterator[None]:
@@ -53,11 +59,19 @@ class AudioWorkers:
         finally:
             self.in_flight -= 1
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` in a worker thread. A caller cancelled meanwhile waits for a job that has
-        started to end before it unwinds, so the place it holds is freed only when the work is (a
-        client that cancels and retries cannot pile jobs up behind the bound)."""
-        work = self._pool.submit(fn, *args)
+    async def run(self, fn: Callable[..., T], *args: Any, account: str = "default") -> T:
+        """``fn(*args)`` in a worker thread. Waiting jobs are taken one account at a time, in turn
+        (one account's flood waits behind itself, not in front of another's upload). A caller
+        cancelled meanwhile waits for a job that has started to end before it unwinds, so the place
+        it holds is freed only when the work is (a client that cancels and retries cannot pile jobs
+        up behind the bound)."""
+        work: Future = Future()
+        with self._ready:
+            if account not in self._jobs:  # an account with nothing waiting goes next (it had no turn lately)
+                self._jobs[account] = deque()
+                self._turn.appendleft(account)
+            self._jobs[account].append((work, fn, args))
+            self._ready.notify()
         job = asyncio.wrap_future(work)
         try:
             return await asyncio.shield(job)
@@ -67,5 +81,38 @@ class AudioWorkers:
                     await job
             raise
 
+    def _next(self) -> tuple[Future, Callable[..., Any], tuple] | None:
+        with self._ready:
+            while not self._turn and not self._closed:
+                self._ready.wait()
+            if self._closed:
+                return None
+            account = self._turn.popleft()
+            queue = self._jobs[account]
+            job = queue.popleft()
+            if queue:
+                self._turn.append(account)  # its next job after the other accounts' next ones
+            else:
+                del self._jobs[account]
+            return job
+
+    def _work(self) -> None:
+        _lower_priority()
+        while (job := self._next()) is not None:
+            work, fn, args = job
+            if not work.set_running_or_notify_cancel():
+                continue  # cancelled while it waited
+            try:
+                work.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                work.set_exception(e)
+
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._ready:
+            self._closed = True
+            for queue in self._jobs.values():
+                for work, _, _ in queue:
+                    work.cancel()
+            self._jobs.clear()
+            self._turn.clear()
+            self._ready.notify_all()

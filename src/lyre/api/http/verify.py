@@ -31,8 +31,8 @@ async def verify(request: web.Request) -> web.Response:
         data = await _upload(request, service.config.voices.max_upload_bytes)
         workers = service.voices.workers
         with workers.place():
-            pcm, rate = await workers.run(decode, data, MAX_SECONDS)
-            found = await workers.run(service.watermark.detect, pcm, rate)
+            pcm, rate = await workers.run(decode, data, MAX_SECONDS, account=account)
+            found = await workers.run(service.watermark.detect, pcm, rate, account=account)
     return web.json_response({"watermarked": found.watermarked, "score": round(found.score, 2),
                               "threshold": found.threshold, "seconds": round(found.seconds, 3)})
 
