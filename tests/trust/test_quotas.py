@@ -123,3 +123,32 @@ def test_waiting_audio_jobs_are_taken_one_account_at_a_time():
         return ran
 
     assert asyncio.run(go()) == ["flood0", "mine", "flood1", "flood2", "flood3"]
+
+
+def test_with_two_workers_another_accounts_job_never_waits_behind_one_accounts_encodes():
+    import asyncio
+    import threading
+
+    from lyre.service.workers import AudioWorkers
+
+    async def go():
+        workers = AudioWorkers(2, 10)
+        busy, finish, ran = threading.Event(), threading.Event(), []
+
+        def long_job(name):
+            ran.append(name)
+            busy.set()
+            finish.wait(60)
+
+        flood = [asyncio.get_running_loop().create_task(workers.run(long_job, f"flood{i}", account="attacker"))
+                 for i in range(3)]
+        await asyncio.to_thread(busy.wait, 60)
+        mine = await workers.run(lambda: "done", account="victim")  # the second worker is not the flood's
+        started = list(ran)
+        finish.set()
+        await asyncio.gather(*flood)
+        workers.close()
+        return mine, started
+
+    mine, started = asyncio.run(go())
+    assert mine == "done" and started == ["flood0"]  # the flood's others waited for its one worker

@@ -237,7 +237,7 @@ class VoicesConfig(Section):
     sweep_s: float = Field(2.0, gt=0.0, le=3600.0)  # how often kept prefixes of voices deleted elsewhere are dropped
     # enrollments and verifications decode and encode audio in this many worker threads, at a lower CPU
     # priority than the engine's; at most max_in_flight of them (all accounts) wait or run at once
-    workers: int = Field(1, ge=1, le=64)
+    workers: int = Field(2, ge=1, le=64)
     max_in_flight: int = Field(8, ge=1, le=10_000)
 
 

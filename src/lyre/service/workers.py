@@ -3,7 +3,8 @@
 ``voices.workers`` threads, each at a lower CPU priority than the rest of the process (a Linux
 thread has its own nice value), so that a flood of uploads slows uploads, not the engine thread's
 steps; at most ``voices.max_in_flight`` jobs of all accounts wait or run at once, more are refused
-at once (429); waiting jobs are taken one account at a time, in turn. A job takes its place once its upload has been read: an upload that stalls holds
+at once (429); waiting jobs are taken one account at a time, in turn, and one account runs at most
+``workers - 1`` at once (with 2 workers, another account's upload never waits behind its encodes). A job takes its place once its upload has been read: an upload that stalls holds
 its connection (until the body timeout cuts it) and its account's quota, never a place here.
 (Torch's own intra-op threads, which a SNAC encode uses, are shared with the engine and keep their
 priority; ``voices.workers`` bounds how many encodes ask for them at once.)
@@ -44,6 +45,10 @@ class AudioWorkers:
         self._turn: deque[str] = deque()  # accounts with jobs waiting, the next to be served first
         self._ready = threading.Condition()
         self._closed = False
+        # an account runs at most this many jobs at once, so that with 2 workers or more another
+        # account's job always finds a worker free of the first account's (a long encode)
+        self._most_running = max(1, workers - 1)
+        self._running: dict[str, int] = {}
         for i in range(workers):
             threading.Thread(target=self._work, name=f"lyre-audio-{i}", daemon=True).start()
 
@@ -81,31 +86,41 @@ class AudioWorkers:
                     await job
             raise
 
-    def _next(self) -> tuple[Future, Callable[..., Any], tuple] | None:
+    def _next(self) -> tuple[str, Future, Callable[..., Any], tuple] | None:
         with self._ready:
-            while not self._turn and not self._closed:
+            while True:
+                if self._closed:
+                    return None
+                account = next((a for a in self._turn if self._running.get(a, 0) < self._most_running), None)
+                if account is not None:
+                    break
                 self._ready.wait()
-            if self._closed:
-                return None
-            account = self._turn.popleft()
+            self._turn.remove(account)
             queue = self._jobs[account]
             job = queue.popleft()
             if queue:
                 self._turn.append(account)  # its next job after the other accounts' next ones
             else:
                 del self._jobs[account]
-            return job
+            self._running[account] = self._running.get(account, 0) + 1
+            return (account, *job)
 
     def _work(self) -> None:
         _lower_priority()
         while (job := self._next()) is not None:
-            work, fn, args = job
-            if not work.set_running_or_notify_cancel():
-                continue  # cancelled while it waited
+            account, work, fn, args = job
             try:
-                work.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - handed to the caller
-                work.set_exception(e)
+                if work.set_running_or_notify_cancel():  # (else it was cancelled while it waited)
+                    try:
+                        work.set_result(fn(*args))
+                    except BaseException as e:  # noqa: BLE001 - handed to the caller
+                        work.set_exception(e)
+            finally:
+                with self._ready:
+                    self._running[account] -= 1
+                    if not self._running[account]:
+                        del self._running[account]
+                    self._ready.notify_all()
 
     def close(self) -> None:
         with self._ready:
