@@ -39,6 +39,11 @@ log = logging.getLogger("lyre.connections")
 BODY_CHECK_S = 1.0  # how often a body's rate is checked
 IDLE, HEADERS, REQUEST = "idle", "headers", "request"
 MOST_CONNECTIONS = 16384  # server.max_connections 0 derives at most this (memory runs out before descriptors)
+# connections accepted in one turn of the event loop (asyncio accepts up to the backlog at once):
+# those refused keep their descriptors until the next turn, so a flood's burst must fit under the
+# descriptor limit with everything else; out of descriptors, asyncio stops accepting for a second
+# (everyone's /health waited 1 s)
+BACKLOG = 128
 GRPC_SHARE = 4  # of the connection cap, 1/GRPC_SHARE goes to the gRPC port (grpc.max_allowed_incoming_connections)
 
 
@@ -63,7 +68,8 @@ def connection_caps(max_connections: int, descriptors: int) -> tuple[int, int]:
     """(REST/WebSocket port, gRPC port) connection caps: ``server.max_connections`` split between
     them, or (0) the descriptor limit less a reserve for everything else the process opens (the
     database, model files, logs, pipes), at most MOST_CONNECTIONS."""
-    total = max_connections or min(MOST_CONNECTIONS, max(64, descriptors - max(256, descriptors // 8)))
+    reserve = max(256, descriptors // 8) + BACKLOG  # (a refused connection's descriptor closes a loop turn later)
+    total = max_connections or min(MOST_CONNECTIONS, max(64, descriptors - reserve))
     grpc = max(1, total // GRPC_SHARE)
     return max(1, total - grpc), grpc
 
@@ -244,7 +250,7 @@ class Guarded(asyncio.Protocol):
 class GuardedSite(web.BaseSite):
     """A TCP site whose connections go through ``guard`` (aiohttp's TCPSite, but for the protocol factory)."""
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard, backlog: int = 512):
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard, backlog: int = BACKLOG):
         super().__init__(runner, backlog=backlog)
         self._host, self._port, self._guard = host, port, guard
 
