@@ -83,7 +83,10 @@ class Servicer:
         if isinstance(request, Undecodable):
             refusal = request.refusal()
             await context.abort(getattr(grpc.StatusCode, classify(refusal).grpc_status), str(refusal))
-        metadata = dict(context.invocation_metadata())
+        pairs = context.invocation_metadata() or ()
+        if sum(1 for key, _ in pairs if key == "authorization") > 1:  # which one would be the caller?
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "send one authorization metadata entry, not several")
+        metadata = dict(pairs)
         account = self.accounts.account(metadata.get("authorization"))
         if account is None:
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key (authorization: Bearer <key>)")

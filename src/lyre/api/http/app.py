@@ -34,7 +34,7 @@ from lyre.api.http.shared import ACCOUNT, INFLIGHT, MAX_BODY, SERVICE, error_res
 from lyre.api.http.speech import speech
 from lyre.api.http.ws import websocket
 from lyre.audio.formats import AudioFormatError
-from lyre.errors import LyreError
+from lyre.errors import LyreError, shorten
 from lyre.service.tts import TTSService
 from lyre.trust.accounts import Accounts
 
@@ -63,9 +63,19 @@ async def errors_middleware(request: web.Request, handler):
                               code, headers=allow)
 
 
+IDENTITY = ("", "identity")
+
+
 def auth_middleware(accounts: Accounts):
     @web.middleware
     async def middleware(request: web.Request, handler):
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in IDENTITY:  # aiohttp would try to inflate it: a plain body then failed as a 500
+            return error_response(415, f"Content-Encoding {shorten(encoding)} is not supported: send the body "
+                                  "unencoded", "invalid_request_error", "unsupported_content_encoding")
+        if len(request.headers.getall("Authorization", [])) > 1:  # which one would be the caller?
+            return error_response(400, "send one Authorization header, not several", "invalid_request_error",
+                                  "duplicate_authorization")
         if request.path.startswith("/v1/"):
             account = accounts.account(request.headers.get("Authorization"))
             if account is None:

@@ -3,12 +3,15 @@ request's account), the error responses, the drain check and the JSON body."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from aiohttp import web
 
 from lyre.api.common import InFlight, classify, error_body, json_object, retry_after
-from lyre.errors import ServiceUnavailable
+from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.tts import TTSService
 
 SERVICE = web.AppKey("service", TTSService)
@@ -33,6 +36,18 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
     return json_object(await request.read(), "the request body")
+
+
+@contextlib.contextmanager
+def multipart_errors() -> Iterator[None]:
+    """Whatever aiohttp's multipart reader raises on a malformed body (bad part headers, a bad
+    boundary, an unknown charset, ...) is the client's doing: InvalidRequest (400), never a 500."""
+    try:
+        yield
+    except (LyreError, web.HTTPException, ConnectionError, asyncio.CancelledError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the parser's own errors, of many types
+        raise InvalidRequest(f"the body is not valid multipart/form-data: {type(e).__name__}: {e}") from None
 
 
 def draining(request: web.Request) -> None:

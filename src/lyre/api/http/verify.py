@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from lyre.api.http.shared import ACCOUNT, SERVICE, draining
+from lyre.api.http.shared import ACCOUNT, SERVICE, draining, multipart_errors
 from lyre.api.http.voices import read_part
 from lyre.audio.clip import decode
 from lyre.errors import InvalidRequest, UploadTooLarge
@@ -41,13 +41,11 @@ async def _upload(request: web.Request, limit: int) -> bytes:
     """The whole uploaded file (multipart field ``audio``, or the body), at most ``limit`` bytes."""
     too_large = UploadTooLarge(f"the audio file is larger than {limit} bytes (voices.max_upload_bytes)")
     if request.content_type.startswith("multipart/form-data"):
-        try:
+        with multipart_errors():
             part = await (await request.multipart()).next()
-        except (ValueError, AssertionError) as e:
-            raise InvalidRequest(f"the body is not valid multipart/form-data: {e}") from None
-        if part is None or getattr(part, "name", None) != "audio":
-            raise InvalidRequest("send the audio as the multipart/form-data field 'audio', or as the request body")
-        data = await read_part(part, limit)
+            if part is None or getattr(part, "name", None) != "audio":
+                raise InvalidRequest("send the audio as the multipart/form-data field 'audio', or as the request body")
+            data = await read_part(part, limit)
     else:
         if request.content_length is not None and request.content_length > limit:
             raise too_large

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 
 from lyre.api.common import json_object
-from lyre.api.http.shared import ACCOUNT, INFLIGHT, SERVICE, draining
+from lyre.api.http.shared import ACCOUNT, INFLIGHT, SERVICE, draining, multipart_errors
 from lyre.errors import InvalidRequest, UploadTooLarge
 from lyre.storage.registry import Voice
 
@@ -93,7 +93,7 @@ async def read_form(request: web.Request, max_audio_bytes: int) -> dict[str, Any
         raise InvalidRequest("send the enrollment as multipart/form-data with fields audio (a file), transcript, "
                              "name and consent (JSON)")
     form: dict[str, Any] = {}
-    try:
+    with multipart_errors():
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if not isinstance(part, BodyPartReader) or part.name not in ("audio", *FIELD_LIMITS):
@@ -110,10 +110,6 @@ async def read_form(request: web.Request, max_audio_bytes: int) -> dict[str, Any
                     form[part.name] = data.decode("utf-8")
                 except UnicodeDecodeError:
                     raise InvalidRequest(f"the form field {part.name!r} is not UTF-8 text") from None
-    except (ValueError, AssertionError) as e:  # a body that is not valid multipart
-        if isinstance(e, InvalidRequest):
-            raise
-        raise InvalidRequest(f"the body is not valid multipart/form-data: {e}") from None
     if "audio" not in form:
         raise InvalidRequest("the form field 'audio' (the reference recording) is required")
     return form
