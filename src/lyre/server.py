@@ -29,7 +29,13 @@ from grpc_health.v1._async import HealthServicer
 
 from lyre.api import log_storms
 from lyre.api.common import InFlight
-from lyre.api.connections import ConnectionGuard, GuardedSite, connection_caps, raise_descriptor_limit
+from lyre.api.connections import (
+    ConnectionGuard,
+    GuardedSite,
+    connection_caps,
+    per_client_cap,
+    raise_descriptor_limit,
+)
 from lyre.api.grpc.server import follow_readiness, start_grpc
 from lyre.api.http.app import create_app
 from lyre.config import ConfigError, ServerConfig, add_config_arguments, apply_overrides, config_from_args
@@ -63,7 +69,8 @@ async def listen(service: TTSService, host: str, http_port: int, grpc_port: int 
     log_storms.install()  # what clients can make aiohttp and asyncio log: one line per cause per minute
     http_cap, grpc_cap = connection_caps(cfg.max_connections, raise_descriptor_limit())
     inflight = InFlight(cfg.max_connections_per_client, cfg.trusted_proxies)
-    guard = ConnectionGuard(http_cap, cfg.max_connections_per_client, cfg.header_timeout_s, cfg.body_min_bytes_per_s,
+    per_client = per_client_cap(cfg.max_connections_per_client, http_cap)
+    guard = ConnectionGuard(http_cap, per_client, cfg.header_timeout_s, cfg.body_min_bytes_per_s,
                             inflight.address.trusted, service.metrics)
     app = create_app(service, inflight)
     app.middlewares.insert(0, guard.middleware)  # outermost: it sees every request the application gets
@@ -71,7 +78,7 @@ async def listen(service: TTSService, host: str, http_port: int, grpc_port: int 
     await runner.setup()
     await GuardedSite(runner, host, http_port, guard).start()
     log.info("connections: at most %d on the REST/WebSocket port, %d on gRPC, %s per client address", http_cap,
-             grpc_cap, cfg.max_connections_per_client or "any number")
+             grpc_cap, per_client or "any number")
     listeners = Listeners(inflight, runner, runner.addresses[0][1] if runner.addresses else http_port)
     if grpc_port is not None:
         listeners.grpc_server, listeners.grpc_port, listeners.health = await start_grpc(service, inflight, host,

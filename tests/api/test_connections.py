@@ -13,6 +13,7 @@ import time
 import pytest
 import requests
 
+from lyre.api.connections import BACKLOG, connection_caps, per_client_cap
 from tests.support.audio_files import audio_file, speechlike
 from tests.support.servers import serve_in_process
 from tests.support.sockets import CLOSED_WITHIN_S, until_closed
@@ -21,8 +22,10 @@ from tests.support.waiting import until
 
 @pytest.fixture(scope="module")
 def guarded(demo_dir):
+    # max_connections 8: 6 places on the REST port (the rest are gRPC's); one address may hold at most
+    # half of them, 3, whatever max_connections_per_client says
     with serve_in_process("server.header_timeout_s=0.5", "server.body_min_bytes_per_s=1000",
-                          "server.max_connections_per_client=3", "server.max_connections=8") as s:
+                          "server.max_connections_per_client=100", "server.max_connections=8") as s:
         yield s
         assert s.stop() == 0
 
@@ -83,6 +86,16 @@ def test_a_kept_alive_connections_next_request_has_its_own_header_timeout(guarde
     assert closed_by_server(sock) == b""
 
 
+def test_the_caps_leave_the_process_its_descriptors_and_no_address_every_place():
+    assert connection_caps(0, 1_048_576) == (12288, 4096)  # at most MOST_CONNECTIONS
+    http, grpc = connection_caps(0, 1024)
+    assert http + grpc == 1024 - 256 - BACKLOG and grpc == (http + grpc) // 4
+    assert connection_caps(8, 1024) == (6, 2)  # set: split, whatever the descriptors
+    assert connection_caps(0, 256) == (48, 16)  # a tiny limit still serves someone
+    assert per_client_cap(256, 12288) == 256 and per_client_cap(256, 48) == 24 and per_client_cap(256, 1) == 1
+    assert per_client_cap(0, 48) == 0  # no per-address limit, if the operator says so
+
+
 def test_one_address_holds_at_most_its_connections_counted_from_accept(guarded):
     guarded.connections_settled()
     held = [websocket(guarded) for _ in range(3)]
@@ -111,16 +124,16 @@ def test_past_the_servers_cap_new_connections_are_closed_at_once(guarded):
 
 
 def test_a_stalled_body_is_cut_and_a_slow_honest_one_passes(guarded):
-    wav = audio_file(speechlike(2.0, rate=16000), 16000, "wav")
+    wav = audio_file(speechlike(1.0, rate=16000), 16000, "wav")  # 32 kB
     stalled = connect(guarded)
     stalled.sendall(b"POST /v1/audio/verify HTTP/1.1\r\nHost: x\r\nContent-Type: audio/wav\r\n"
                     b"Content-Length: %d\r\n\r\n" % len(wav) + wav[:100])
     assert closed_by_server(stalled) == b""  # far below body_min_bytes_per_s: cut
 
-    def slowly():  # ~10x the minimum rate, in small pieces
-        for i in range(0, len(wav), 4000):
-            yield wav[i:i + 4000]
-            time.sleep(0.4)
+    def slowly():  # ~20x the minimum rate, in small pieces, over three times header_timeout_s
+        for i in range(0, len(wav), 2000):
+            yield wav[i:i + 2000]
+            time.sleep(0.1)
 
     r = requests.post(guarded.http + "/v1/audio/verify", data=slowly(), headers={"Content-Type": "audio/wav"},
                       timeout=120)

@@ -74,6 +74,12 @@ def connection_caps(max_connections: int, descriptors: int) -> tuple[int, int]:
     return max(1, total - grpc), grpc
 
 
+def per_client_cap(configured: int, cap: int) -> int:
+    """``server.max_connections_per_client``, at most half the port's cap ``cap``: however the two are
+    set, one address cannot hold every place (0, no per-address limit, is kept as the operator's choice)."""
+    return min(configured, max(1, cap // 2)) if configured else 0
+
+
 class ConnectionGuard:
     def __init__(self, max_connections: int, per_client: int, header_timeout_s: float, body_min_bytes_per_s: int,
                  trusted: Callable[[str], bool], metrics: Any = None):
