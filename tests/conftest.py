@@ -7,6 +7,13 @@ import logging
 import os
 from pathlib import Path
 
+# Under pytest-xdist (the README's test command runs two workers): each worker's share of the cores
+# for torch's and OpenMP's thread pools, set before torch is first imported (below). Each worker's
+# pool otherwise takes every core, and the oversubscribed pools spin: the suite then took twice
+# the CPU time and no less wall time than one process.
+if (_workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _workers)))
+
 import pytest
 from hypothesis import settings
 

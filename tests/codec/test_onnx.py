@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -13,6 +18,7 @@ from lyre.config import load_config
 from lyre.model import checkpoint
 from tests.support.codec import F, feed, offline, random_frames
 from tests.support.paths import REPO_ROOT
+from tests.support.waiting import until
 
 CACHE = REPO_ROOT / "models" / "codec-onnx"  # shared with the servers the other tests start
 
@@ -54,6 +60,22 @@ def test_the_graph_is_exported_once_and_reused(snac_dir):
     again = codec_onnx.OnnxRunner(model, CACHE, "stream").path
     assert again == first and again.stat().st_mtime_ns == stamp
     assert codec_onnx.graph_key(model, "stream") != codec_onnx.graph_key(model, "offline")
+
+
+def test_a_process_that_finds_a_graph_being_exported_waits_for_it_instead_of_exporting_again(snac_dir, tmp_path):
+    """Servers (or test workers) sharing codec.onnx_dir: the second waits on the first's lock, then
+    takes its file. Here the test holds the lock, as an exporting process would."""
+    model = StreamingSnac(configure_noise(checkpoint.load_snac(snac_dir), False)).eval()
+    path = tmp_path / f"snac-stream-{codec_onnx.graph_key(model, 'stream')}.onnx"
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        waiter = ThreadPoolExecutor(1).submit(codec_onnx.exported, model, "stream", tmp_path)
+        inode = os.fstat(lock.fileno()).st_ino
+        until(lambda: any(line.split()[1] == "->" and line.split()[6].endswith(f":{inode}")
+                          for line in Path("/proc/locks").read_text().splitlines() if "->" in line),
+              what="the second exporter to wait on the lock")
+        path.write_bytes(b"the first process's graph")
+    assert waiter.result(timeout=60) == path and path.read_bytes() == b"the first process's graph"
 
 
 def test_runtime_choice_and_clear_refusals(snac_dir):

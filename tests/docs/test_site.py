@@ -18,7 +18,7 @@ MKDOCS_YML = REPO / "mkdocs.yml"
 README = REPO / "README.md"
 
 SERVE_COMMAND = "./setup.sh && .venv/bin/python production_server.py --config config/model_config.yaml --port 8000"
-TEST_COMMAND = "./setup.sh --with-test-services && .venv/bin/python -m pytest"
+TEST_COMMAND = "./setup.sh --with-test-services && .venv/bin/python -m pytest -n 2 --dist loadfile"
 SLOW_COMMAND = ".venv/bin/python -m pytest -m slow"
 
 # [text](target): inline links; images and reference-style links are not used in these files.

@@ -14,6 +14,7 @@ Tests check their audio against torch's.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import logging
@@ -104,13 +105,19 @@ def export(model: StreamingSnac, kind: str, path: Path) -> None:
 
 
 def exported(model: StreamingSnac, kind: str, cache_dir: str | Path) -> Path:
-    """The cached graph ``kind`` of ``model``, exported first if it is not there yet."""
+    """The cached graph ``kind`` of ``model``, exported first if it is not there yet. Processes that
+    share ``cache_dir`` export a graph once: the others wait for it (a lock file beside it)."""
     path = Path(cache_dir) / f"snac-{kind}-{graph_key(model, kind)}.onnx"
-    if not path.is_file():
-        log.info("exporting the %s SNAC decoder to %s (once per codec and torch version) ...", kind, path)
-        t0 = time.perf_counter()
-        export(model, kind, path)
-        log.info("exported in %.1f s", time.perf_counter() - t0)
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes, or its process dies)
+        if not path.is_file():  # (or another process exported it while this one waited)
+            log.info("exporting the %s SNAC decoder to %s (once per codec and torch version) ...", kind, path)
+            t0 = time.perf_counter()
+            export(model, kind, path)
+            log.info("exported in %.1f s", time.perf_counter() - t0)
     return path
 
 
