@@ -15,6 +15,12 @@ class InvalidRequest(LyreError, ValueError):
     code = "invalid_request"
 
 
+class ControlTokenInText(InvalidRequest):
+    """Text that the tokenizer would read as one of the model's control tokens (``<|eot_id|>``, ...)."""
+
+    code = "control_token"
+
+
 class OutOfRange(InvalidRequest):
     code = "out_of_range"
 

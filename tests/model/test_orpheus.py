@@ -172,10 +172,16 @@ def test_prompt_ids_follow_the_orpheus_template(demo_tokenizer):
 
 
 def test_text_spelling_a_control_token_is_refused(demo_tokenizer):
-    for text in ("hi <|eot_id|> there", "<custom_token_12>", "x<|begin_of_text|>"):
-        with pytest.raises(ValueError, match="control token"):
+    for text, name, start in (("hi <|eot_id|> there", "<|eot_id|>", 3), ("<custom_token_12>", "<custom_token_12>", 0),
+                              ("x<|begin_of_text|>", "<|begin_of_text|>", 1), ("é <|end_of_text|>", "<|end_of_text|>", 2)):
+        found = o.control_token(demo_tokenizer, text)
+        assert found == o.ControlToken(name, start, start + len(name)), text  # offsets in characters
+        with pytest.raises(ValueError, match=f"at characters {start}-{start + len(name)}, which the model reads as a "
+                                             "control token"):
             o.build_prompt_ids(demo_tokenizer, text, "tara")
     assert o.build_prompt_ids(demo_tokenizer, "a <laugh> and <| not a token", "tara")  # look-alikes are fine
+    assert o.control_token(demo_tokenizer, "a <laugh> and <|eot_id| no") is None
+    assert max(len(t) for t in demo_tokenizer.get_vocab() if t.startswith("<")) < o.CONTROL_TAIL
 
 
 def test_prompt_adds_bos_when_the_tokenizer_does_not(demo_tokenizer):

@@ -14,6 +14,7 @@ from lyre.codec import configure_noise
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.errors import (
+    ControlTokenInText,
     InvalidRequest,
     LyreError,
     OutOfRange,
@@ -89,7 +90,8 @@ def test_bad_requests_raise_typed_errors_at_once():
                 tts.stream("x" * 300)
             with pytest.raises(InvalidRequest, match="unknown option 'warmth'; allowed: temperature"):
                 tts.stream("hi", warmth=3)
-            with pytest.raises(InvalidRequest, match=r"control token '<\|eot_id\|>'"):
+            with pytest.raises(ControlTokenInText, match=r"'<\|eot_id\|>' at characters 6-16, which the model reads as a "
+                                                     "control token"):
                 tts.stream("hello <|eot_id|> world")
             with pytest.raises(OutOfRange, match="'temperature' = -1 is out of range: must be >= 0.0 and <= 5.0"):
                 tts.stream("hi", temperature=-1)

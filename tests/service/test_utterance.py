@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lyre.errors import InvalidRequest, UnknownVoice
+from lyre.errors import ControlTokenInText, InvalidRequest, OutOfRange, UnknownVoice
 from lyre.model import orpheus
 from lyre.service.text import SentenceStream
 from tests.support.services import engine_state, run, service
@@ -78,7 +78,15 @@ def test_bad_appends_are_refused_and_change_nothing():
                 u.append(7)
             with pytest.raises(InvalidRequest, match="lone surrogate"):
                 u.append("bad \udc00 half")
+            # text the tokenizer reads as a control token, alone or completed by this append, is refused
+            with pytest.raises(ControlTokenInText, match=r"'<\|eot_id\|>' at characters 4-14, which the model reads"):
+                u.append("say <|eot_id|> now")
             assert u.pending_chars == before
+            u.append("<custom_tok")  # half of one: harmless alone
+            with pytest.raises(ControlTokenInText, match="with the end of the text before it, contains '<custom_token_5>'"):
+                u.append("en_5> more")
+            u.append("en of nothing ")  # the utterance goes on
+            before = u.pending_chars
             u.append("a smile \ud83d")  # an emoji split between two appends (UTF-16 halves) is joined
             u.append("\ude00 here.")
             u.end()
@@ -88,8 +96,31 @@ def test_bad_appends_are_refused_and_change_nothing():
             return u.pieces, chunks, tts.gate.inside
 
     pieces, chunks, inside = run(go())
-    assert pieces == ["no punctuation yet and a smile \U0001f600 here."]
+    assert pieces == ["no punctuation yet and <custom_token of nothing a smile \U0001f600 here."]
     assert sum(len(c.pcm) for c in chunks) == PIECE_SAMPLES and inside == 0
+
+
+def test_a_piece_that_can_never_run_is_refused_and_the_pieces_after_it_are_spoken():
+    """max_tokens fits a short piece's slot but not a long one's: the append that completed the long
+    piece gets the error, and the utterance goes on without it."""
+    long = "This sentence is long enough that its prompt leaves less room than max tokens asks for"
+
+    async def go():
+        async with service(**{"kv_cache.max_seq_len": 96}) as tts:
+            u = tts.utterance(max_tokens=64, min_tokens=42)
+            u.append("Hi there.")
+            u.flush()
+            u.append(long + ".")
+            with pytest.raises(OutOfRange, match="'max_tokens' = 64 is out of range"):
+                u.flush()  # (the message that completed the piece)
+            u.append("Bye now.")
+            u.end()
+            chunks = [c async for c in u]
+            return u.pieces, chunks, await engine_state(tts)
+
+    pieces, chunks, state = run(go())
+    assert pieces == ["Hi there.", "Bye now."] and chunks
+    assert state["active"] == state["pending"] == state["gate"] == 0 and state["free_slots"] == 8
 
 
 def test_cancel_mid_utterance_frees_every_place():

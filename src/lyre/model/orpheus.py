@@ -105,21 +105,56 @@ def encode_text(tokenizer: TextTokenizer, text: str) -> list[int]:
     return ids
 
 
+CONTROL_TAIL = 64  # characters: longer than any control token of the vocabulary (the longest has 30)
+
+
+@dataclass(frozen=True)
+class ControlToken:
+    """A span of text that the tokenizer reads as one of the model's control tokens."""
+
+    name: str
+    start: int  # character offsets in the text checked (-1: not known)
+    end: int
+
+    def refusal(self, what: str = "text") -> str:
+        where = f" at characters {self.start}-{self.end}" if self.start >= 0 else ""
+        return (f"{what} contains {self.name!r}{where}, which the model reads as a control token: text can "
+                "only be spoken, never steer the prompt; remove it")
+
+
+def control_token(tokenizer: TextTokenizer, text: str) -> ControlToken | None:
+    """The first span of ``text`` that the tokenizer reads as a control token (id >= TEXT_VOCAB_END:
+    ``<|eot_id|>``, ``<custom_token_5>``, ...), found by the tokenizer itself, so exactly what it
+    would match; None when there is none."""
+    encoded = tokenizer.encode(text)
+    ids = [int(i) for i in getattr(encoded, "ids", encoded)]
+    offsets = getattr(encoded, "offsets", None) or [(-1, -1)] * len(ids)
+    for i, (token, (start, end)) in enumerate(zip(ids, offsets, strict=True)):
+        if token < TEXT_VOCAB_END or (i == 0 and token == BOS and start == end):
+            continue  # text, or the BOS the tokenizer adds (no character of the text spells it)
+        name = tokenizer.id_to_token(token) if hasattr(tokenizer, "id_to_token") else str(token)
+        return ControlToken(str(name), start, end)
+    return None
+
+
 def build_prompt_ids(tokenizer: TextTokenizer, text: str, voice: str | None = None) -> list[int]:
     """``[start_of_human] tok("{voice}: {text}") [eot end_of_human start_of_ai start_of_speech]``.
 
     Submit these ids to the engine as they are: decoding and re-tokenising them adds a second BOS.
-    Text that spells a control token (``<|eot_id|>``, ``<custom_token_5>``...) is refused: the
-    tokenizer would turn it into that token and let the input steer the prompt.
+    Text that spells a control token (``<|eot_id|>``, ``<custom_token_5>``...) is refused
+    (ValueError, naming it and where): the tokenizer would turn it into that token and let the
+    input steer the prompt.
     """
     if not text or not text.strip():
         raise ValueError("text is empty: there is nothing to speak")
+    if (found := control_token(tokenizer, text)) is not None:
+        raise ValueError(found.refusal())
     content = f"{voice}: {text}" if voice else text
     ids = encode_text(tokenizer, content)
     control = next((i for i in ids[1:] if i >= TEXT_VOCAB_END), None)
-    if control is not None:
+    if control is not None:  # (the voice's name and the text together: never, with a checked voice)
         name = tokenizer.id_to_token(control) if hasattr(tokenizer, "id_to_token") else str(control)
-        raise ValueError(f"text contains the control token {name!r}; remove it")
+        raise ValueError(ControlToken(str(name), -1, -1).refusal())
     return [START_OF_HUMAN, *ids, *PROMPT_SUFFIX]
 
 

@@ -33,6 +33,7 @@ from lyre.core.session import Segment, Session
 from lyre.core.stats import StatsSnapshot
 from lyre.engine.base import SamplingParams
 from lyre.errors import (
+    ControlTokenInText,
     InvalidRequest,
     OutOfRange,
     OverloadedError,
@@ -261,7 +262,8 @@ class TTSService:
         mark = self.marker()  # one watermark across the pieces: the pattern runs on without a jump
         return Utterance(lambda piece: self.stream(piece, voice, account=account, audit=audit, mark=mark, **sampling),
                          self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit,
-                         charge=lambda n: self.charge(account, n))
+                         charge=lambda n: self.charge(account, n),
+                         control=lambda text: orpheus.control_token(self.tokenizer, text))
 
     def charge(self, account: str, chars: int) -> None:
         """Count ``chars`` characters of text against ``account``'s ``chars_per_minute``; raises
@@ -311,6 +313,8 @@ class TTSService:
             raise TextTooLong(
                 f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
             )
+        if (found := orpheus.control_token(self.tokenizer, request.text)) is not None:
+            raise ControlTokenInText(found.refusal())
         pieces = split_text(request.text, MAX_SEGMENT_CHARS)
         key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
         try:

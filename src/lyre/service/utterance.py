@@ -28,11 +28,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lyre.errors import InvalidRequest, OverloadedError, SynthesisCancelled
+from lyre.errors import ControlTokenInText, InvalidRequest, OverloadedError, SynthesisCancelled
+from lyre.model.orpheus import CONTROL_TAIL
 from lyre.service.text import SentenceStream
 
 if TYPE_CHECKING:
     from lyre.core.stats import SessionMetrics
+    from lyre.model.orpheus import ControlToken
     from lyre.service.stream import AudioChunk, SpeechStream
     from lyre.trust.audit import AuditEntry
 
@@ -63,9 +65,12 @@ class UtteranceMetrics:
 
 class Utterance:
     def __init__(self, speak: Speaker, max_chars: int, max_pending_chars: int, audit: AuditEntry | None = None,
-                 charge: Callable[[int], None] | None = None):
+                 charge: Callable[[int], None] | None = None,
+                 control: Callable[[str], ControlToken | None] | None = None):
         self._speak = speak
         self._charge = charge  # counts appended characters against the account's quota (raises to refuse)
+        self._control = control  # finds text the tokenizer reads as a control token (orpheus.control_token)
+        self._tail = ""  # the last CONTROL_TAIL characters appended: a control token may span two appends
         self._audit = audit  # the utterance's one audit row: every piece's PCM, recorded when it ends
         self.max_pending_chars = max_pending_chars
         self._text = SentenceStream(max_chars)
@@ -96,12 +101,18 @@ class Utterance:
 
     def append(self, text: str) -> None:
         """Add text; complete pieces start synthesising at once. Raises InvalidRequest (nothing
-        changes) for text that is not a string, not valid Unicode, or would exceed the bound."""
+        changes) for text that is not a string, not valid Unicode, spells a control token of the
+        model (alone or with the end of the text before it), or would exceed the bound."""
         self._check_open()
         if not isinstance(text, str):
             raise InvalidRequest(f"appended text must be a string, got {type(text).__name__}")
         held = self._held
         text = self._join_surrogates(text)
+        try:
+            self._check_control(text)
+        except InvalidRequest:
+            self._held = held
+            raise
         if self.pending_chars + len(text) > self.max_pending_chars:
             self._held = held
             raise InvalidRequest(
@@ -115,7 +126,20 @@ class Utterance:
                 raise
         if self._audit is not None:
             self._audit.add_text(text)
+        self._tail = (self._tail + text)[-CONTROL_TAIL:]
         self._add(self._text.append(text))
+
+    def _check_control(self, text: str) -> None:
+        if self._control is None or not text:
+            return
+        found = self._control(self._tail + text)
+        if found is None:
+            return
+        if found.start >= len(self._tail):  # where in this append
+            at = dataclasses.replace(found, start=found.start - len(self._tail), end=found.end - len(self._tail))
+            raise ControlTokenInText(at.refusal("the appended text"))
+        raise ControlTokenInText(dataclasses.replace(found, start=-1, end=-1).refusal(
+            "the appended text, with the end of the text before it,"))
 
     def flush(self) -> None:
         """Speak everything received so far, complete sentence or not."""
@@ -192,6 +216,10 @@ class Utterance:
                 if raise_overload and not self._streams:
                     raise
                 return
+            except InvalidRequest:  # this piece can never run (e.g. max_tokens beyond its slot): the
+                self._queue.popleft()  # error is the answer, and the pieces after it are still spoken
+                self._queued_chars -= len(piece)
+                raise
             self._queue.popleft()
             self._queued_chars -= len(piece)
             self._streams.append((stream, started_at))

@@ -169,7 +169,7 @@ BAD_REQUESTS = [
     ({"input": "hi", "max_tokens": 2.5}, 400, "invalid_request"),
     ({"input": "hi", "seed": "abc"}, 400, "invalid_request"),
     ({"input": "hi", "stream_format": "chunks"}, 422, "out_of_range"),
-    ({"input": "hi <|eot_id|> there"}, 400, "invalid_request"),
+    ({"input": "hi <|eot_id|> there"}, 400, "control_token"),
     ({"input": "x" * 300_000}, 413, "request_too_large"),
     # hostile values: none may reach the engine (a 500 before)
     (b'{"input": "hi", "max_tokens": 1' + b"0" * 400 + b"}", 422, "out_of_range"),

@@ -125,10 +125,15 @@ async def utterance_audio(utterance: Utterance, encoder: AudioEncoder,
     ``(bytes, last)`` pairs, the last one the encoder's tail; the reader's error when it failed.
     Whatever happens, the reader, the utterance and the encoder end with it."""
     try:
-        async for chunk in utterance:
-            data = await encode(encoder, chunk.pcm)
-            if data:
-                yield data, False
+        try:
+            async for chunk in utterance:
+                data = await encode(encoder, chunk.pcm)
+                if data:
+                    yield data, False
+        except LyreError:
+            if reader.done() and not reader.cancelled() and reader.exception() is not None:
+                raise reader.exception() from None  # a bad message cancelled the utterance: it is the answer
+            raise
         if reader.done():
             await reader  # a bad message ended the utterance: its error is the answer
         yield await finish(encoder), True

@@ -7,7 +7,8 @@ https://github.com/nvidia-riva/python-clients), which ships the generated ``riva
 - ``Synthesize``: the whole text's audio in one response (text longer than the profile's
   ``max_text_chars`` is split into sentences, up to ``server.max_input_chars``);
 - ``SynthesizeOnline``: a stream of requests (the 2.28 client sends one per text; the first one's
-  settings hold for the call), audio streamed back as it is decoded, each response's
+  settings hold for the call: a later request is checked like the first, and one that changes a
+  setting it gives is refused), audio streamed back as it is decoded, each response's
   ``meta.text`` the sentence it speaks;
 - ``GetRivaSynthesisConfig``: the voices, as Riva lists its models (``voice_name`` and
   ``subvoices``: the full names are ``<voice_name>.<subvoice>``).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,12 +143,34 @@ class RivaSpeechSynthesis(Servicer):
             voice = await self.service.voices.resolve(s.voice, account)
             utterance = self.service.utterance(voice, account=account, protocol="riva", **s.sampling)
             encoder = AudioEncoder(s.format, s.sample_rate)
-            reader = asyncio.get_running_loop().create_task(_read_texts(first, request_iterator, utterance))
+
+            async def same_settings(message: Any) -> None:
+                await self._check_later(message, s, voice, account)
+
+            reader = asyncio.get_running_loop().create_task(
+                _read_texts(first, request_iterator, utterance, same_settings))
             async for data, last in utterance_audio(utterance, encoder, reader):
                 if last and not utterance.pieces:
                     raise InvalidRequest("text is empty: there is nothing to speak")
                 if data:
                     yield _response(first, data, utterance.current_piece or utterance.pieces[-1])
+
+    async def _check_later(self, message: Any, first: Settings, voice: Any, account: str) -> None:
+        """A later SynthesizeOnline message is checked like the first (its encoding, rate, language,
+        voice, for this account, and options); a setting it gives must be the first message's:
+        the call's settings are fixed by its first message."""
+        later = settings(message, self.service)
+        changed = [name for name, given, same in (
+            ("encoding", message.encoding, later.format == first.format),
+            ("sample_rate_hz", message.sample_rate_hz, later.sample_rate == first.sample_rate),
+            ("custom_configuration", message.custom_configuration, later.sampling == first.sampling)) if given and not same]
+        if message.voice_name.strip():
+            named = await self.service.voices.resolve(later.voice, account)  # UnknownVoice: not this account's
+            if _voice_id(named) != _voice_id(voice):
+                changed.append("voice_name")
+        if changed:
+            raise InvalidRequest(f"this SynthesizeOnline call's settings are fixed by its first message; a later one "
+                                 f"changes {', '.join(changed)}: start another call for other settings")
 
     async def GetRivaSynthesisConfig(self, request, context):
         async with self._serving(context, request):
@@ -169,9 +192,15 @@ class RivaSpeechSynthesis(Servicer):
             return riva_tts_pb2.RivaSynthesisConfigResponse(model_config=[config])
 
 
-async def _read_texts(first: Any, requests: AsyncIterator[Any], utterance: Any) -> None:
+def _voice_id(voice: Any) -> str | None:
+    return voice if voice is None or isinstance(voice, str) else voice.id
+
+
+async def _read_texts(first: Any, requests: AsyncIterator[Any], utterance: Any,
+                      same_settings: Callable[[Any], Awaitable[None]]) -> None:
     """Each request's text into the utterance, spoken as it arrives; the stream's end ends it. A bad
-    message cancels the utterance and raises (the call's answer)."""
+    message (``same_settings`` checks each one after the first) cancels the utterance and raises
+    (the call's answer)."""
     try:
         message = first
         while message is not None:
@@ -181,6 +210,8 @@ async def _read_texts(first: Any, requests: AsyncIterator[Any], utterance: Any) 
             message = await anext(requests, None)
             if isinstance(message, Undecodable):
                 raise message.refusal()
+            if message is not None:
+                await same_settings(message)
         utterance.end()
     except BaseException:
         utterance.cancel()
