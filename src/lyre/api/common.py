@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from lyre.api.access import add_audio
 from lyre.audio.formats import AudioEncoder, AudioFormatError
 from lyre.errors import (
     ConsentRequired,
@@ -33,6 +34,7 @@ from lyre.errors import (
     UploadTooLarge,
     VoiceExists,
 )
+from lyre.model import orpheus
 
 if TYPE_CHECKING:
     from lyre.service.stream import SpeechStream
@@ -258,6 +260,7 @@ async def _off_loop(encoder: AudioEncoder, fn: Callable[..., bytes], *args: Any)
 
 
 async def encode(encoder: AudioEncoder, pcm: Any) -> bytes:
+    add_audio(len(pcm) / orpheus.SAMPLE_RATE)  # (the access log's audio seconds of the request)
     return await _off_loop(encoder, encoder.encode, pcm)
 
 

@@ -194,6 +194,8 @@ class ServerConfig(Section):
     body_min_bytes_per_s: int = Field(8192, ge=1, le=2**30)
     keepalive_timeout_s: float = Field(75.0, gt=0.0, le=3600.0)
     max_connections: int = Field(0, ge=0, le=10_000_000)
+    # the access log (lyre.api.access): a line per request, stream and call; text, json lines, or off
+    access_log: choice("text", "json", "off") = "text"
     # gRPC connections (grpcio's own options): calls open at once on one connection, a connection
     # with no call for this long is closed, and one older than this is asked to reconnect (its calls
     # get grpc_max_connection_age_grace_s to end); 0 = no limit

@@ -87,6 +87,11 @@ class Accounts:
         """Whether requests must carry a key."""
         return bool(self._tokens)
 
+    def is_key(self, text: str) -> bool:
+        """Whether ``text`` is one of the configured keys (so that it is never logged or echoed)."""
+        given = _digest(text)
+        return any([hmac.compare_digest(given, token) for token, _ in self._tokens])
+
     def account(self, authorization: str | None) -> str | None:
         """The account an ``Authorization`` value names; None when keys are configured and it names
         none of them. Every key is compared, whatever matched."""

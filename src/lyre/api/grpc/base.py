@@ -15,7 +15,17 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from lyre.api.common import DRAIN_TIMEOUT, InFlight, classify, encode, finish, peer_address, retry_after
+from lyre.api.access import CURRENT, METHOD, AccessLog, Entry, request_id
+from lyre.api.common import (
+    DRAIN_TIMEOUT,
+    InFlight,
+    classify,
+    encode,
+    error_code,
+    finish,
+    peer_address,
+    retry_after,
+)
 from lyre.audio.formats import AudioEncoder, AudioFormatError
 from lyre.config import LyreConfig
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections, UploadTooLarge
@@ -75,42 +85,67 @@ class Servicer:
         self.service = service
         self.inflight = inflight
         self.accounts = service.accounts
+        self.access = AccessLog(service.config.server.access_log)
 
     @contextlib.asynccontextmanager
     async def _serving(self, context: grpc.aio.ServicerContext, request: Any = None):
         """Every call: a message that decodes, the API key (yields its account), not draining, the
         client's limit; then Lyre's errors become status codes."""
-        if isinstance(request, Undecodable):
-            refusal = request.refusal()
-            await context.abort(getattr(grpc.StatusCode, classify(refusal).grpc_status), str(refusal))
         pairs = context.invocation_metadata() or ()
-        if sum(1 for key, _ in pairs if key == "authorization") > 1:  # which one would be the caller?
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "send one authorization metadata entry, not several")
         metadata = dict(pairs)
-        account = self.accounts.account(metadata.get("authorization"))
-        if account is None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong API key (authorization: Bearer <key>)")
-        if self.inflight.draining:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
+        method = METHOD.get()
+        entry = Entry("riva" if method.startswith("nvidia.riva") else "grpc", method, self.client_address(context, metadata),
+                      request_id(metadata.get("x-request-id"), metadata.get("authorization"), self.accounts.is_key))
+        CURRENT.set(entry)
+        address = None
         try:
-            address = self.inflight.clients.enter(self.client_address(context, metadata))
-        except TooManyConnections as e:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
-        try:
+            if isinstance(request, Undecodable):
+                await self._abort(context, entry, request.refusal())
+            if sum(1 for key, _ in pairs if key == "authorization") > 1:  # which one would be the caller?
+                await self._abort(context, entry, "send one authorization metadata entry, not several",
+                                  grpc.StatusCode.UNAUTHENTICATED, "duplicate_authorization")
+            entry.account = account = self.accounts.account(metadata.get("authorization"))
+            if account is None:
+                await self._abort(context, entry, "missing or wrong API key (authorization: Bearer <key>)",
+                                  grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
+            if self.inflight.draining:
+                await self._abort(context, entry, "the server is shutting down", grpc.StatusCode.UNAVAILABLE,
+                                  "unavailable")
+            try:
+                address = self.inflight.clients.enter(entry.client)
+            except TooManyConnections as e:
+                await self._abort(context, entry, e)
             with self.inflight.request():
                 try:
                     yield account
+                    entry.status = "OK"
                 except (LyreError, AudioFormatError) as e:
                     wait = retry_after(e)
                     if wait:  # a refusal that passes: when to try again, as HTTP's Retry-After says it
                         context.set_trailing_metadata((("retry-after", wait),))
-                    await context.abort(getattr(grpc.StatusCode, classify(e).grpc_status), str(e))
+                    await self._abort(context, entry, e)
                 except asyncio.CancelledError:
+                    entry.status, entry.code = "CANCELLED", "cancelled"  # the client's cancel, or the drain's end
                     if self.inflight.draining:
                         log.info("call cancelled: %s", DRAIN_TIMEOUT)
                     raise
+        except BaseException:
+            if entry.status == "-":
+                entry.status, entry.code = "UNKNOWN", "internal_error"  # (grpc's answer to an unexpected error)
+            raise
         finally:
-            self.inflight.clients.leave(address)
+            if address is not None:
+                self.inflight.clients.leave(address)
+            self.access.write(entry)
+
+    async def _abort(self, context: grpc.aio.ServicerContext, entry: Entry, error: BaseException | str,
+                     status: grpc.StatusCode | None = None, code: str | None = None) -> None:
+        """End the call with ``error`` (a Lyre error's status and code, or these), as its access-log line says."""
+        if not isinstance(error, str):
+            status = getattr(grpc.StatusCode, classify(error).grpc_status)
+            code = error_code(error)
+        entry.status, entry.code = status.name, code
+        await context.abort(status, str(error))
 
 
     def client_address(self, context: grpc.aio.ServicerContext, metadata: dict | None = None) -> str | None:
@@ -154,7 +189,24 @@ def handlers(servicer: Servicer, service: Any, messages: Any) -> grpc.GenericRpc
     for method in service.methods:
         make = kinds[(method.client_streaming, method.server_streaming)]
         table[method.name] = make(
-            getattr(servicer, method.name),
+            _named(getattr(servicer, method.name), f"{service.full_name}/{method.name}", method.server_streaming),
             request_deserializer=_decoder(getattr(messages, method.input_type.name), *message_limit(cfg, method.name)),
             response_serializer=getattr(messages, method.output_type.name).SerializeToString)
     return grpc.method_handlers_generic_handler(service.full_name, table)
+
+
+def _named(fn: Any, name: str, streams: bool) -> Any:
+    """``fn`` with the call's method name where its access-log line reads it (:data:`METHOD`)."""
+    if streams:
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            METHOD.set(name)
+            async for response in fn(request, context):
+                yield response
+
+        return stream
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        METHOD.set(name)
+        return await fn(request, context)
+
+    return unary

@@ -38,6 +38,7 @@ from typing import Any
 import grpc
 from riva.client.proto import riva_audio_pb2, riva_tts_pb2
 
+from lyre.api.access import add_audio
 from lyre.api.common import describe_text, whole_audio
 from lyre.api.grpc.base import Servicer, Undecodable, log, utterance_audio
 from lyre.api.grpc.base import handlers as _handlers
@@ -116,6 +117,7 @@ def _sampling(options: dict[str, str]) -> dict[str, Any]:
 
 
 def _response(request: Any, audio: bytes, text: str) -> Any:
+    add_audio(0.0, len(audio))
     response = riva_tts_pb2.SynthesizeSpeechResponse(audio=audio)
     response.meta.text = response.meta.processed_text = text
     if request.HasField("id"):

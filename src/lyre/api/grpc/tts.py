@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+from lyre.api.access import add_audio
 from lyre.api.common import describe_text, encode, finish, whole_audio
 from lyre.api.grpc.base import Servicer, Undecodable, log, utterance_audio
 from lyre.api.grpc.voices import VoiceMethods
@@ -67,6 +68,7 @@ class _Chunks:
                                  sample_rate_hz=self.encoder.sample_rate, **extra)
         self.sequence += 1
         self.offset += len(data) // (2 if self.encoder.format == "pcm" else 1)
+        add_audio(0.0, len(data))
         return msg
 
 
@@ -78,8 +80,10 @@ class TextToSpeech(VoiceMethods, Servicer):
             stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling))
             log.debug("Synthesize: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate, stream=False)  # one response: a whole file (headers filled in)
+            audio = await whole_audio(stream, encoder)
+            add_audio(0.0, len(audio))
             return tts_pb2.SynthesizeResponse(
-                audio=await whole_audio(stream, encoder),
+                audio=audio,
                 audio_config=tts_pb2.AudioConfig(encoding=request.audio.encoding or tts_pb2.LINEAR16,
                                                  sample_rate_hz=encoder.sample_rate),
                 metrics=_metrics(stream.metrics))

@@ -18,19 +18,26 @@ Each client address may hold ``server.max_connections_per_client`` requests and 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import re
 import time
-import uuid
 
 from aiohttp import web
 
-from lyre.api.common import (
-    InFlight,
-)
+from lyre.api.access import CURRENT, AccessLog, Entry, new_request_id, request_id
+from lyre.api.common import InFlight
 from lyre.api.http import verify, voices
 from lyre.api.http.openapi import document
-from lyre.api.http.shared import ACCOUNT, INFLIGHT, MAX_BODY, SERVICE, error_response, lyre_error_response
+from lyre.api.http.shared import (
+    ACCESS,
+    ACCESS_LOG,
+    ACCOUNT,
+    INFLIGHT,
+    MAX_BODY,
+    SERVICE,
+    error_response,
+    lyre_error_response,
+)
 from lyre.api.http.speech import speech
 from lyre.api.http.ws import websocket
 from lyre.audio.formats import AudioFormatError
@@ -39,11 +46,6 @@ from lyre.service.tts import TTSService
 from lyre.trust.accounts import Accounts
 
 log = logging.getLogger("lyre.http")
-
-
-
-
-
 
 
 @web.middleware
@@ -61,6 +63,42 @@ async def errors_middleware(request: web.Request, handler):
         allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None  # a 405 says what is allowed
         return error_response(e.status, message, "not_found_error" if e.status == 404 else "invalid_request_error",
                               code, headers=allow)
+
+
+def access_middleware(access: AccessLog, accounts: Accounts):
+    """The access log's line of every request (:mod:`lyre.api.access`), written when it ends (a
+    stream's, or a WebSocket's, at its end), and its request id, sent back in ``X-Request-Id``."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler):
+        resource = request.match_info.route.resource
+        entry = Entry("rest", f"{request.method} {resource.canonical if resource is not None else '(no route)'}",
+                      request.app[INFLIGHT].address(request.remote, request.headers.get("X-Forwarded-For")),
+                      request_id(request.headers.get("X-Request-Id"), request.headers.get("Authorization"),
+                                 accounts.is_key))
+        request[ACCESS] = entry
+        CURRENT.set(entry)
+        response = None
+        try:
+            response = await handler(request)
+            return response
+        except web.HTTPException as e:
+            entry.status = e.status
+            raise
+        except asyncio.CancelledError:
+            entry.status = 499  # the client went away (or the drain's timeout passed)
+            raise
+        except BaseException:
+            entry.status = 500
+            raise
+        finally:
+            if response is not None:
+                entry.status, entry.code = response.status, response.get("code")
+                entry.bytes += response.body_length if response.prepared else (response.content_length or 0)
+            entry.account = request.get(ACCOUNT)
+            access.write(entry)
+
+    return middleware
 
 
 IDENTITY = ("", "identity")
@@ -103,8 +141,11 @@ async def clients_middleware(request: web.Request, handler):
 
 def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     cfg = service.config.server
+    access = AccessLog(cfg.access_log)
     app = web.Application(client_max_size=cfg.max_body_bytes,
-                          middlewares=[errors_middleware, auth_middleware(service.accounts), clients_middleware])
+                          middlewares=[access_middleware(access, service.accounts), errors_middleware,
+                                       auth_middleware(service.accounts), clients_middleware])
+    app[ACCESS_LOG] = access
     app[SERVICE] = service
     app[INFLIGHT] = inflight
     app[MAX_BODY] = cfg.max_body_bytes
@@ -126,20 +167,6 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
 # REST
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models`` as OpenAI answers it: the one model served (any name is accepted in requests)."""
     service = request.app[SERVICE]
@@ -149,15 +176,14 @@ async def models(request: web.Request) -> web.Response:
 
 
 MODELS_CREATED = int(time.time())  # OpenAI's "created": when this server started
-REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 async def request_id_header(request: web.Request, response: web.StreamResponse) -> None:
-    """Every response names its request: the client's ``X-Request-Id`` when it sent a sane one,
-    else a new one (OpenAI's clients, LiveKit's among them, read it)."""
+    """Every response names its request: the client's ``X-Request-Id`` when it sent a sane one (not
+    an API key), else a new one (OpenAI's clients, LiveKit's among them, read it); the access log's."""
     if "X-Request-Id" not in response.headers:
-        sent = request.headers.get("X-Request-Id", "")
-        response.headers["X-Request-Id"] = sent if REQUEST_ID.fullmatch(sent) else f"req_{uuid.uuid4().hex}"
+        entry = request.get(ACCESS)
+        response.headers["X-Request-Id"] = entry.request_id if entry is not None else new_request_id()
 
 
 async def stats(request: web.Request) -> web.Response:

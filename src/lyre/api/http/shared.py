@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from lyre.api.access import AccessLog, Entry
 from lyre.api.common import InFlight, classify, error_body, json_object, retry_after
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.tts import TTSService
@@ -18,17 +19,24 @@ SERVICE = web.AppKey("service", TTSService)
 INFLIGHT = web.AppKey("inflight", InFlight)
 MAX_BODY = web.AppKey("max_body", int)
 ACCOUNT = web.RequestKey("account", str)  # the account the request's API key names
+ACCESS = web.RequestKey("access", Entry)  # the request's line of the access log
+ACCESS_LOG = web.AppKey("access_log", AccessLog)
 
 
 def error_response(status: int, message: str, type_: str, code: str, headers: dict | None = None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": type_, "code": code}}, status=status,
-                             headers=headers)
+    response = web.json_response({"error": {"message": message, "type": type_, "code": code}}, status=status,
+                                 headers=headers)
+    response["code"] = code  # (for the access log)
+    return response
 
 
 def lyre_error_response(e: Exception) -> web.Response:
     wait = retry_after(e)
-    return web.json_response({"error": error_body(e)}, status=classify(e).http_status,
-                             headers={"Retry-After": wait} if wait else None)
+    body = error_body(e)
+    response = web.json_response({"error": body}, status=classify(e).http_status,
+                                 headers={"Retry-After": wait} if wait else None)
+    response["code"] = body["code"]
+    return response
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:

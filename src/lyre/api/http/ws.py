@@ -33,21 +33,24 @@ import asyncio
 import base64
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
+from lyre.api.access import AccessLog, Entry
 from lyre.api.common import (
     InFlight,
     cancelled_by_drain,
+    classify,
     describe_text,
     encode,
     error_body,
     finish,
     json_object,
 )
-from lyre.api.http.shared import ACCOUNT, INFLIGHT, SERVICE, draining
+from lyre.api.http.shared import ACCESS, ACCESS_LOG, ACCOUNT, INFLIGHT, SERVICE, draining
 from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.options import SamplingOptions, WsMessage, parse
@@ -65,7 +68,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     cfg = service.config.server
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False)
     await ws.prepare(request)
-    socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT])
+    socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT], request[ACCESS], request.app[ACCESS_LOG])
     with request.app[INFLIGHT].request():
         unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
         try:
@@ -82,8 +85,11 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
 class Socket:
     """One WebSocket: its contexts and the lock that keeps their frames whole."""
 
-    def __init__(self, ws: web.WebSocketResponse, service: TTSService, inflight: InFlight, account: str):
+    def __init__(self, ws: web.WebSocketResponse, service: TTSService, inflight: InFlight, account: str,
+                 entry: Entry, access: AccessLog):
         self.ws, self.service, self.inflight, self.account = ws, service, inflight, account
+        self.entry, self.access = entry, access  # the socket's access-log line (written at its close)
+        entry.extra.update(messages=0, contexts=0)
         self.contexts: dict[str | None, Context] = {}
         self.send_lock = asyncio.Lock()
         self.stopping = False  # close_all is ending every context (and closes the socket itself)
@@ -112,19 +118,30 @@ class Socket:
 
     async def handle(self, raw: str) -> None:
         cid: Any = None
+        self.entry.extra["messages"] += 1
         try:
             data = json_object(raw, "the message")
             cid = data.get("context_id") if isinstance(data.get("context_id"), str) else None
             message = parse(WsMessage, data)
             await self.apply(message)
         except (LyreError, AudioFormatError) as e:
-            await self.send({"error": error_body(e), **({"context_id": cid} if cid is not None else {})})
+            body = error_body(e)
+            self.log_line("ws message", classify(e).http_status, body["code"])
+            await self.send({"error": body, **({"context_id": cid} if cid is not None else {})})
         except ConnectionResetError:
             pass
         except Exception as e:  # noqa: BLE001 - a bug answers this message; the socket and its other contexts go on
             log.exception("websocket message failed")
+            self.log_line("ws message", 500, "internal_error")
             await self.send({"error": {"message": f"internal error: {type(e).__name__}", "type": "server_error",
                                        "code": "internal_error"}})
+
+    def log_line(self, route: str, status: int, code: str | None, **fields: Any) -> Entry:
+        """An access-log line of this socket's (a refused message, a context that ended)."""
+        entry = Entry("ws", route, self.entry.client, self.entry.request_id, account=self.account, status=status,
+                      code=code, **fields)
+        self.access.write(entry)
+        return entry
 
     async def apply(self, m: WsMessage) -> None:
         cid = m.context_id
@@ -181,7 +198,9 @@ class Socket:
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append
         log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)
-        self.contexts[m.context_id] = Context(self, m.context_id, utterance, encoder, settings, release)
+        self.entry.extra["contexts"] += 1
+        self.contexts[m.context_id] = Context(self, m.context_id, utterance, encoder, settings, release,
+                                              self.entry.extra["contexts"])
 
     def ended(self, ctx: Context) -> None:
         ctx.release()  # its place in the account's accounts.max_ws_contexts
@@ -237,11 +256,14 @@ class Context:
     """One utterance on a socket and the task sending its audio, in order."""
 
     def __init__(self, socket: Socket, cid: str | None, utterance: Utterance, encoder: AudioEncoder,
-                 settings: dict[str, Any], release: Callable[[], None]):
+                 settings: dict[str, Any], release: Callable[[], None], number: int):
         self.socket, self.cid, self.utterance, self.encoder = socket, cid, utterance, encoder
         self.release = release
+        self.number = number  # the socket's n-th context (its access-log line names it so, not by its id)
+        self.status, self.code, self.bytes = 499, "cancelled", 0  # how it ended: cancelled, until it is done
         self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
         self.sequence = 0
+        self.started = time.monotonic()
         self.task = asyncio.get_running_loop().create_task(self._pump())
         # whatever ends it (a cancel even before its first step, when _pump's finally never runs),
         # nothing it started keeps a slot, an encoder or its account's context place
@@ -251,6 +273,10 @@ class Context:
         self.utterance.cancel()
         self.encoder.close()
         self.socket.ended(self)
+        seconds = self.utterance.metrics.audio_seconds
+        self.socket.entry.bytes += self.bytes
+        self.socket.log_line("ws context", self.status, self.code, bytes=self.bytes, audio_s=seconds,
+                             started=self.started, extra={"context": self.number})
 
     def check_settings(self, m: WsMessage) -> None:
         """A later message may repeat this context's settings; one that would change them is refused."""
@@ -283,15 +309,19 @@ class Context:
             async for chunk in self.utterance:
                 await self._audio(await encode(self.encoder, chunk.pcm))
             await self._audio(await finish(self.encoder))
+            self.status, self.code = 200, None
             await self._json({"done": True, "metrics": self.utterance.metrics.as_dict()})
         except LyreError as e:
-            await self._json({"error": error_body(e)})
+            body = error_body(e)
+            self.status, self.code = classify(e).http_status, body["code"]
+            await self._json({"error": body})
         except ConnectionResetError:  # the socket went away
             pass
 
     async def _audio(self, data: bytes) -> None:
         if not data:
             return
+        self.bytes += len(data)
         if self.cid is None:
             await self.socket.send(data)
         else:
