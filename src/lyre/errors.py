@@ -66,6 +66,10 @@ class ServiceUnavailable(LyreError):
 class SynthesisCancelled(LyreError):
     code = "cancelled"
 
+    def __init__(self, message: str = "synthesis was cancelled", reason: str | None = "cancelled"):
+        super().__init__(message)
+        self.reason = reason  # the scheduler's: cancelled (by the client), slow_consumer, ...
+
 
 class SynthesisTimeout(LyreError):
     code = "timeout"

@@ -52,14 +52,49 @@ def test_one_row_per_synthesis_on_every_protocol(server, tmp_path):
     hashes = {hashlib.sha256(t.encode()).hexdigest(): p for p, t in texts.items()}
 
     def these() -> list[dict]:  # (written off the event loop, as each synthesis ends)
-        rows = [r for r in exported(server, tmp_path / "audit.jsonl") if r["text_sha256"] in hashes]
+        rows = [r for r in exported(server, tmp_path / "audit.jsonl")  # (each ended: its row completed)
+                if r["text_sha256"] in hashes and r["outcome"] != "started"]
         return rows if len(rows) >= len(texts) else []
 
     mine = until(these, what="an audit row for each synthesis")
     by = {hashes[r["text_sha256"]]: r for r in mine}
     assert len(mine) == len(texts)
     assert {p: (r["protocol"], r["voice"], r["outcome"]) for p, r in by.items()} == {
-        "rest": ("rest", "mia", "finished"), "ws": ("ws", "zac", "finished"), "grpc": ("grpc", "dan", "finished"),
-        "grpc-stream": ("grpc", "tara", "finished"), "riva": ("riva", "leo", "finished")}
+        "rest": ("rest", "mia", "completed"), "ws": ("ws", "zac", "completed"), "grpc": ("grpc", "dan", "completed"),
+        "grpc-stream": ("grpc", "tara", "completed"), "riva": ("riva", "leo", "completed")}
     assert by["rest"]["pcm_sha256"] == hashlib.sha256(pcm).hexdigest()  # 24 kHz pcm: exactly what was sent
     assert all(r["account"] == "default" and r["audio_seconds"] > 0 for r in mine)
+
+
+def test_a_synthesis_cut_by_sigkill_has_its_row_and_it_is_closed_as_interrupted_at_the_next_start(demo_dir):
+    """The row is written before the first audio: a server killed mid-synthesis leaves it open
+    (outcome started), and its next start closes it as interrupted."""
+    import requests
+    import sqlalchemy as sa
+
+    from lyre.storage.db import audit, default_url, open_database
+    from tests.support.servers import restart_server, start_server
+
+    srv = start_server("sampling.max_tokens=700", "sampling.min_tokens=700")
+    try:
+        with requests.post(srv.http + "/v1/audio/speech", json={"input": "Cut me off.", "voice": "tara",
+                                                                 "response_format": "pcm"}, stream=True, timeout=60) as r:
+            assert r.status_code == 200 and next(r.iter_content(4096))  # its first audio came
+            srv.proc.kill()
+            srv.proc.wait()
+    finally:
+        if srv.running:
+            srv.proc.kill()
+    engine = open_database(default_url(srv.data_dir))
+
+    def outcomes() -> list[tuple[str, str]]:
+        with engine.connect() as c:
+            return [(r.outcome, r.reason) for r in c.execute(sa.select(audit.c.outcome, audit.c.reason))]
+
+    assert outcomes() == [("started", "")]
+    again = restart_server(srv)
+    try:
+        until(lambda: outcomes() != [("started", "")], what="the open row to be closed")
+        assert outcomes() == [("interrupted", "the server stopped before the synthesis ended")]
+    finally:
+        assert again.stop() == 0

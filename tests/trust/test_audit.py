@@ -18,9 +18,11 @@ import sqlalchemy as sa
 from lyre.config import AuditConfig
 from lyre.errors import DatabaseError, SynthesisCancelled
 from lyre.storage.db import audit, open_database
-from lyre.trust.audit import AuditTrail, rows
+from lyre.trust.audit import AuditTrail, row_outcome, rows
+from lyre.trust.audit_spool import Spool
 from tests.support.paths import REPO_ROOT
 from tests.support.services import run, service
+from tests.support.waiting import until
 
 EPOCH = datetime(2000, 1, 1, tzinfo=timezone.utc)
 
@@ -49,13 +51,14 @@ def test_every_synthesis_leaves_one_row_with_the_hashes_of_its_text_and_audio():
     assert len(got) == 3
     first, cut, utt = got
     assert (first["account"], first["voice"], first["protocol"], first["outcome"], first["reason"]) == (
-        "alice", "leo", "library", "finished", "")
+        "alice", "leo", "library", "completed", "")
     assert first["text_sha256"] == hashlib.sha256(b"Audit me, please.").hexdigest()
     assert first["pcm_sha256"] == hashlib.sha256(a.pcm.astype("<i2").tobytes()).hexdigest()
     assert abs(first["audio_seconds"] - a.seconds) < 1e-9
-    assert (cut["voice"], cut["account"], cut["outcome"], cut["reason"]) == ("leo", "default", "cancelled", "cancelled")
+    assert (cut["voice"], cut["account"], cut["outcome"], cut["reason"]) == ("leo", "default", "cancelled", "")
     assert 0 < cut["audio_seconds"] < a.seconds
-    assert (utt["account"], utt["protocol"], utt["voice"], utt["outcome"]) == ("bob", "ws", "mia", "finished")
+    assert (utt["account"], utt["protocol"], utt["voice"], utt["outcome"]) == ("bob", "ws", "mia", "completed")
+    assert all(r["ended"] is not None and r["ended"] >= r["time"] for r in got)
     assert utt["text_sha256"] == hashlib.sha256(b"First part. Second part.").hexdigest()  # as appended
     assert utt["pcm_sha256"] == hashlib.sha256(utterance_pcm.astype("<i2").tobytes()).hexdigest()
     assert datetime.fromisoformat(first["time"]) <= datetime.fromisoformat(utt["time"])
@@ -72,38 +75,93 @@ def test_a_synthesis_the_server_ends_is_recorded_with_its_reason():
                     pass
             return all_rows(tts)
 
-    assert [(r["outcome"], r["reason"]) for r in run(go())] == [("cancelled", "slow_consumer")]
+    assert [(r["outcome"], r["reason"]) for r in run(go())] == [("slow_consumer", "slow_consumer")]
 
 
 def test_a_database_that_cannot_be_written_refuses_new_syntheses_and_loses_no_row(monkeypatch):
+    """What cannot reach the database goes to the fsynced spool, new syntheses are refused meanwhile
+    (audit.required), and the spool is written once the database takes rows again."""
     async def go():
         async with service() as tts:
-            insert = tts.audit._insert
+            write = tts.audit._write
 
-            def full(batch):
+            def full(ops, once=False):
                 raise sa.exc.OperationalError("INSERT INTO audit", {}, Exception("database or disk is full"))
 
-            monkeypatch.setattr(tts.audit, "_insert", full)
+            monkeypatch.setattr(tts.audit, "_write", full)
             await tts.synthesize("Written while the disk is full.")
-            assert not await asyncio.to_thread(tts.audit.flush, 2.0)  # kept, not written
+            assert await asyncio.to_thread(tts.audit.flush, 10.0)  # taken: into the spool
+            spooled = [json.loads(line)["op"] for line in tts.audit.spool.path.read_text().splitlines()]
             with pytest.raises(DatabaseError, match="audit trail cannot be written .*disk is full"):
                 tts.stream("Refused: it would go unrecorded.")
             with pytest.raises(DatabaseError):
                 tts.utterance()
-            monkeypatch.setattr(tts.audit, "_insert", insert)  # space again: the kept row goes in
-            assert await asyncio.to_thread(tts.audit.flush, 10.0)
+            monkeypatch.setattr(tts.audit, "_write", write)  # space again: the spool goes in
+            await asyncio.to_thread(until, lambda: not tts.audit.spool.waiting and tts.audit.error is None,
+                                    what="the spool to be written")
             await tts.synthesize("Accepted again.")
-            return all_rows(tts)
+            return spooled, all_rows(tts)
 
-    got = run(go())
-    assert [r["text_sha256"] for r in got] == [hashlib.sha256(t).hexdigest() for t in (
+    spooled, got = run(go())
+    assert spooled == ["start", "end"]
+    assert [(r["text_sha256"], r["outcome"]) for r in got] == [(hashlib.sha256(t).hexdigest(), "completed") for t in (
         b"Written while the disk is full.", b"Accepted again.")]
+
+
+def test_a_row_is_open_while_its_synthesis_runs_and_written_before_its_first_audio():
+    async def go():
+        async with service(**{"sampling.max_tokens": 420, "sampling.min_tokens": 420}) as tts:
+            stream = tts.stream("A long one.")
+            await anext(stream)  # the first chunk came out only once its row was written
+            with tts.database.connect() as c:
+                during = [dict(r) for r in c.execute(sa.select(audit.c.outcome, audit.c.ended)).mappings()]
+            await stream.aclose()
+            return during, all_rows(tts)
+
+    during, after = run(go())
+    assert during == [{"outcome": "started", "ended": None}]
+    assert [r["outcome"] for r in after] == ["cancelled"]
+
+
+def test_a_spool_a_crash_left_is_written_and_open_rows_closed_as_interrupted_at_the_next_start(tmp_path, database_url):
+    """A server that died while the database was away: its spool goes in at the next start, and its
+    rows left open (started, never ended) are closed as interrupted; another server's stay open."""
+    engine = open_database(database_url)
+    spool = tmp_path / "audit-spool.jsonl"
+    started = {"time": datetime.now(timezone.utc), "account": "a", "voice": "tara", "protocol": "rest",
+               "outcome": "started", "reason": "", "audio_seconds": 0.0, "text_sha256": "t" * 64,
+               "pcm_sha256": "p" * 64, "ended": None}
+    ended = {"outcome": "completed", "reason": "", "audio_seconds": 2.0, "text_sha256": "t" * 64,
+             "pcm_sha256": "q" * 64, "ended": datetime.now(timezone.utc)}
+    Spool(spool).append([{"op": "start", "row": {**started, "entry_id": "e1", "instance": "me"}},
+                         {"op": "end", "entry_id": "e1", "values": ended},
+                         {"op": "start", "row": {**started, "entry_id": "e2", "instance": "me"}}])
+    with open(spool, "a") as f:
+        f.write('{"op": "start", "row": {"ti')  # the crash cut the last line short
+    with engine.begin() as c:
+        c.execute(audit.insert(), [{**started, "entry_id": "e3", "instance": "another"}])
+    trail = AuditTrail(engine, AuditConfig(), spool=spool, instance="me")
+    assert trail.flush()
+    trail.close()
+    with engine.connect() as c:
+        got = {r.entry_id: (r.outcome, r.audio_seconds) for r in c.execute(sa.select(audit))}
+    assert got == {"e1": ("completed", 2.0), "e2": ("interrupted", 0.0), "e3": ("started", 0.0)}
+    assert spool.read_text() == ""
+
+
+@pytest.mark.parametrize("outcome, reason, row", [
+    ("finished", None, ("completed", "")), ("cancelled", "cancelled", ("cancelled", "")),
+    ("cancelled", "slow_consumer", ("slow_consumer", "slow_consumer")), ("cancelled", "timeout", ("timeout", "timeout")),
+    ("cancelled", "shutdown", ("shutdown", "shutdown")), ("failed", "engine error", ("error", "engine error")),
+    ("cancelled", "delivery_failed", ("error", "delivery_failed"))])
+def test_every_ending_has_its_own_outcome(outcome, reason, row):
+    assert row_outcome(outcome, reason) == row
 
 
 def test_rows_older_than_the_retention_are_pruned(database_url):
     engine = open_database(database_url)
     now = datetime.now(timezone.utc)
-    old = {"account": "a", "voice": "tara", "protocol": "rest", "outcome": "finished", "reason": "",
+    old = {"account": "a", "voice": "tara", "protocol": "rest", "outcome": "completed", "reason": "",
            "audio_seconds": 1.0, "text_sha256": "t" * 64, "pcm_sha256": "p" * 64}
     with engine.begin() as c:
         c.execute(audit.insert(), [{**old, "time": now - timedelta(days=91)}, {**old, "time": now - timedelta(days=89)}])
@@ -142,9 +200,9 @@ def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, databas
     got = [json.loads(line) for line in out.splitlines()]
     assert [r["voice"] for r in got] == ["tara", "zac"] and "2 rows" in err
     code, _, _ = export("--since", today, "--voice", "zac", "--output", str(tmp_path / "zac.csv"))
-    assert code == 0 and (tmp_path / "zac.csv").read_text().splitlines()[0].startswith("time,account,voice")
+    assert code == 0 and (tmp_path / "zac.csv").read_text().splitlines()[0].startswith("time,ended,account,voice")
     assert len((tmp_path / "zac.csv").read_text().splitlines()) == 2
-    assert export("--since", "2999-01-01")[1].splitlines() == ["time,account,voice,protocol,outcome,reason,"
+    assert export("--since", "2999-01-01")[1].splitlines() == ["time,ended,account,voice,protocol,outcome,reason,"
                                                                "audio_seconds,text_sha256,pcm_sha256"]
     code, _, err = export("--since", "last tuesday")
     assert code == 2 and "is not a date" in err
@@ -155,4 +213,4 @@ def test_the_audit_command_runs_as_a_user_runs_it(tmp_path):
     out = subprocess.run([sys.executable, "-m", "lyre", "audit", "export", "--since", "2000-01-01",
                           "--set", f"data_dir={tmp_path}"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.startswith("time,account,voice") and "0 rows" in out.stderr
+    assert out.stdout.startswith("time,ended,account,voice") and "0 rows" in out.stderr

@@ -248,8 +248,10 @@ class AuditConfig(Section):
 
     enabled: bool = True
     retention_days: float = Field(90.0, gt=0.0)  # older rows are deleted (checked hourly and at start)
-    # true: while rows cannot be written (disk full, database down) new syntheses are refused (503);
-    # false: they go on, their rows kept in memory (up to max_queued_rows) and written once it works
+    # true: while rows cannot reach the database (disk full, database down) new syntheses are refused
+    # (503); false: they go on. Either way such rows go to the spool (data_dir/audit-spool.jsonl,
+    # fsynced) and are written once it works; max_queued_rows bounds those kept in memory when the
+    # spool cannot be written either
     required: bool = True
     max_queued_rows: int = Field(100_000, ge=1)
 

@@ -57,7 +57,7 @@ from lyre.errors import LyreError
 from lyre.model import checkpoint, orpheus
 from lyre.service.voices import Voices
 from lyre.storage.db import database_url, open_database
-from lyre.trust.audit import AuditTrail
+from lyre.trust.audit import AuditTrail, instance_name
 
 log = logging.getLogger("lyre.service")
 
@@ -107,7 +107,8 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     choice, env = choose_backend(cfg)
     database = open_database(database_url(cfg.voices.database_url, cfg.data_dir))  # first: fails fast
     voices.open(database)
-    audit = AuditTrail(database, cfg.audit)
+    audit = AuditTrail(database, cfg.audit, spool=Path(cfg.data_dir) / "audit-spool.jsonl",
+                       instance=instance_name(cfg.data_dir))
     model = checkpoint.resolve_model(cfg.model, cfg.codec)
     tokenizer = shared.get(("tokenizer", model.llama_dir), lambda: checkpoint.load_tokenizer(model.llama_dir))
     engine, engine_device, description = build_engine(cfg, choice, env, model)

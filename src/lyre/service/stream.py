@@ -111,6 +111,7 @@ class SpeechStream:
             self._session.consumed_samples += len(ev.pcm)
             pcm = to_int16(ev.pcm if self._mark is None else self._mark(ev.pcm))
             if self._audit is not None:
+                await self._audit.recorded()  # no audio goes out before its audit row is written
                 self._audit.add_pcm(pcm)
             return AudioChunk(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, offset_samples=ev.offset, index=ev.index,
                               elapsed_ms=1000 * (time.monotonic() - self._session.created), late=ev.late)
@@ -123,7 +124,7 @@ class SpeechStream:
         if ev.outcome == CANCELLED and ev.reason == "timeout":
             raise SynthesisTimeout("synthesis made no progress (no audio generated or read) for scheduler.session_timeout_s")
         if ev.outcome == CANCELLED:
-            raise SynthesisCancelled(f"synthesis was cancelled ({ev.reason})")
+            raise SynthesisCancelled(f"synthesis was cancelled ({ev.reason})", reason=ev.reason)
         raise SynthesisFailed(ev.reason or "synthesis failed")
 
     def cancel(self) -> None:

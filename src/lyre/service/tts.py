@@ -183,6 +183,7 @@ class TTSService:
                 self.gate.leave(account)
                 raise
             audit.add_text(text)
+        audit.begin()  # admitted: its row is written now, before its first audio (an utterance's: at its first piece)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         session = Session(

@@ -28,7 +28,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from lyre.errors import ControlTokenInText, InvalidRequest, OverloadedError, SynthesisCancelled
+from lyre.errors import (
+    ControlTokenInText,
+    InvalidRequest,
+    OverloadedError,
+    ServiceUnavailable,
+    SynthesisCancelled,
+    SynthesisTimeout,
+)
 from lyre.model.orpheus import CONTROL_TAIL
 from lyre.service.text import SentenceStream
 
@@ -266,7 +273,13 @@ class Utterance:
         except StopAsyncIteration:
             raise
         except BaseException as e:  # a failed piece, or the consumer went away: nothing keeps a slot
-            if not isinstance(e, (asyncio.CancelledError, SynthesisCancelled)):
+            if isinstance(e, SynthesisCancelled):
+                self._record("cancelled", e.reason)  # (slow_consumer, ...: the piece's own reason)
+            elif isinstance(e, SynthesisTimeout):
+                self._record("cancelled", "timeout")
+            elif isinstance(e, ServiceUnavailable):
+                self._record("cancelled", "shutdown")
+            elif not isinstance(e, asyncio.CancelledError):
                 self._record("failed", getattr(e, "code", type(e).__name__))
             self.cancel()
             raise

@@ -51,11 +51,17 @@ audit = sa.Table(
     sa.Column("account", sa.String(128), nullable=False),
     sa.Column("voice", sa.String(128), nullable=False),  # a built-in voice's name or a cloned voice's id
     sa.Column("protocol", sa.String(16), nullable=False),  # rest, ws, grpc, riva, library
-    sa.Column("outcome", sa.String(16), nullable=False),  # finished, cancelled, failed
-    sa.Column("reason", sa.String(64), nullable=False),  # why it was cancelled or failed ("" when finished)
+    # started (open: the synthesis runs, or its server died: interrupted at its next start), completed,
+    # cancelled (by the client), slow_consumer, timeout, shutdown, error, interrupted (rows from before
+    # migration 0003: finished, cancelled, failed)
+    sa.Column("outcome", sa.String(16), nullable=False, index=True),
+    sa.Column("reason", sa.String(64), nullable=False),  # what went wrong ("" when completed)
     sa.Column("audio_seconds", sa.Float, nullable=False),
     sa.Column("text_sha256", sa.String(64), nullable=False),
     sa.Column("pcm_sha256", sa.String(64), nullable=False),  # of the 24 kHz int16 PCM delivered
+    sa.Column("entry_id", sa.String(32), nullable=True, unique=True, index=True),  # null: rows before 0003
+    sa.Column("instance", sa.String(128), nullable=True),  # the server (host name) that opened the row
+    sa.Column("ended", sa.DateTime(timezone=True), nullable=True),  # null while open
 )
 
 

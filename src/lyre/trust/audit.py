@@ -1,90 +1,78 @@
 """The audit trail: one row per synthesis, on every protocol, in the voices database.
 
-Each row: time, account, voice (a built-in name or a cloned voice's id), sha256 of the text, sha256
-of the 24 kHz PCM produced (hashed as it streams, watermark included), audio seconds, protocol,
-outcome (finished | cancelled | failed) and its reason. Rows older than ``audit.retention_days``
-are deleted (at start, then hourly). ``lyre audit export`` reads them back (:mod:`lyre.tools.audit`).
+Each row: when it started and ended, account, voice (a built-in name or a cloned voice's id),
+sha256 of the text, sha256 of the 24 kHz PCM produced (hashed as it streams, watermark included),
+audio seconds, protocol, outcome and its reason. The row is written when the synthesis starts,
+before its first audio is delivered (outcome ``started``), and completed when it ends:
+``completed``, ``cancelled`` (by the client), ``slow_consumer``, ``timeout``, ``shutdown`` or
+``error``. A row a crash left open is closed as ``interrupted`` when its server (the same host and
+data_dir) starts again, or after ``OPEN_ROW_MAX_S`` by any server. Rows older than
+``audit.retention_days`` are deleted (at start, then hourly). ``lyre audit export`` reads them back
+(:mod:`lyre.tools.audit`).
 
-Nothing here blocks the event loop or the engine thread: :meth:`AuditTrail.record` queues the row
-and one writer thread inserts rows in batches. A write that fails (a full disk, a database gone)
-keeps its rows queued and is retried; meanwhile :meth:`AuditTrail.check` refuses new syntheses
-(503), so none goes unrecorded and no row is lost while the process lives.
-
+Nothing here blocks the event loop or the engine thread: rows are queued and one writer thread
+writes them in batches. What cannot reach the database (a full disk, a database gone) goes to the
+spool, an fsynced local file (:mod:`lyre.trust.audit_spool`), replayed when the database is back,
+so that neither the outage nor a crash during it loses a row; while writes fail,
+:meth:`AuditTrail.check` refuses new syntheses with ``audit.required`` (503). Only when the spool
+cannot be written either are rows kept in memory (up to ``audit.max_queued_rows``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from lyre.config import AuditConfig
 from lyre.errors import DatabaseError
-from lyre.model import orpheus
 from lyre.storage.db import audit
+from lyre.trust.audit_entry import AuditEntry, row_outcome
+from lyre.trust.audit_spool import Spool, apply, close_open_rows
+
+__all__ = ["AuditEntry", "AuditTrail", "instance_name", "row_outcome", "rows"]
 
 log = logging.getLogger("lyre.audit")
 
 PRUNE_EVERY_S = 3600.0
 RETRY_S = 1.0
 BATCH = 500
-COLUMNS = ("time", "account", "voice", "protocol", "outcome", "reason", "audio_seconds", "text_sha256", "pcm_sha256")
+OPEN_ROW_MAX_S = 6 * 3600.0  # a row open longer than this lost its server: closed as interrupted by anyone
+COLUMNS = ("time", "ended", "account", "voice", "protocol", "outcome", "reason", "audio_seconds", "text_sha256",
+           "pcm_sha256")
 
 
-@dataclass
-class AuditEntry:
-    """One synthesis being recorded: its text and PCM are hashed as they go by."""
-
-    trail: AuditTrail | None
-    account: str
-    voice: str
-    protocol: str
-    started: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
-    _text: Any = field(default_factory=hashlib.sha256)
-    _pcm: Any = field(default_factory=hashlib.sha256)
-    samples: int = 0
-    done: bool = False
-
-    def add_text(self, text: str) -> None:
-        self._text.update(text.encode("utf-8", "surrogatepass"))
-
-    def add_pcm(self, pcm: np.ndarray) -> None:
-        """int16 24 kHz samples as delivered."""
-        self._pcm.update(np.ascontiguousarray(pcm, dtype="<i2").tobytes())
-        self.samples += int(pcm.size)
-
-    def finish(self, outcome: str, reason: str | None = None) -> None:
-        """Record the row (once; later calls do nothing)."""
-        if self.done:
-            return
-        self.done = True
-        if self.trail is not None:
-            self.trail.record({"time": self.started, "account": self.account, "voice": self.voice,
-                               "protocol": self.protocol, "outcome": outcome, "reason": (reason or "")[:64],
-                               "audio_seconds": self.samples / orpheus.SAMPLE_RATE,
-                               "text_sha256": self._text.hexdigest(), "pcm_sha256": self._pcm.hexdigest()})
+def instance_name(data_dir: str | Path) -> str:
+    """This server among those sharing a database: its host and its data_dir (stable across restarts)."""
+    where = hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:8]
+    return f"{socket.gethostname()[:100]}:{where}"
 
 
 class AuditTrail:
-    def __init__(self, engine: Engine, config: AuditConfig, clock=time.monotonic):
+    def __init__(self, engine: Engine, config: AuditConfig, clock=time.monotonic, spool: Path | None = None,
+                 instance: str | None = None):
         self.engine, self.config, self.clock = engine, config, clock
-        self._rows: deque[dict[str, Any]] = deque()
+        self.instance = instance or instance_name(".")
+        self.spool = Spool(spool) if spool is not None else None
+        self._ops: deque[tuple[dict[str, Any], Any]] = deque()  # (op, called once the writer has taken it)
         self._cond = threading.Condition()
-        self._busy = False  # the writer holds rows it is inserting
+        self._busy = config.enabled  # the writer holds ops it is writing (or does its start's work)
         self._stop = False
         self.error: str | None = None  # why the last write failed; None once writes succeed again
+        self._next_retry = 0.0  # while writes fail: when the spool is tried again
         self.written = 0
-        self.dropped = 0  # rows dropped beyond audit.max_queued_rows (audit.required false)
+        self.spooled = 0
+        self.dropped = 0  # ops dropped beyond audit.max_queued_rows (spool unwritable, audit.required false)
         self._thread: threading.Thread | None = None
         if config.enabled:
             self._thread = threading.Thread(target=self._run, name="lyre-audit", daemon=True)
@@ -105,30 +93,31 @@ class AuditTrail:
             raise DatabaseError(f"the audit trail cannot be written ({self.error}); new syntheses are refused until "
                                 "it can, so that none goes unrecorded")
 
-    def record(self, row: dict[str, Any]) -> None:
-        """Queue ``row`` for the writer (never blocks while the writer runs; after close(), a late
-        row, from a stream that ended during shutdown, is written at once or logged as lost)."""
+    def record(self, op: dict[str, Any], taken: Any = None) -> None:
+        """Queue ``op`` for the writer (never blocks while the writer runs; after close(), a late
+        op, from a stream that ended during shutdown, is written at once or logged as lost)."""
         with self._cond:
             if not self._stop:
-                if not self.config.required and len(self._rows) >= self.config.max_queued_rows:
-                    self._rows.popleft()
+                if not self.config.required and len(self._ops) >= self.config.max_queued_rows:
+                    _taken(self._ops.popleft()[1])
                     self.dropped += 1
                     if self.dropped == 1 or self.dropped % 1000 == 0:
                         log.error("audit: %d rows dropped: %d are waiting for the database (audit.max_queued_rows)",
-                                  self.dropped, len(self._rows))
-                self._rows.append(row)
+                                  self.dropped, len(self._ops))
+                self._ops.append((op, taken))
                 self._cond.notify_all()
                 return
         try:
-            self._insert([row])
+            self._write([op])
         except Exception as e:  # noqa: BLE001
-            log.error("audit: a row recorded after shutdown could not be written (%s): %s", _reason(e), row)
+            log.error("audit: a row recorded after shutdown could not be written (%s): %s", _reason(e), op)
+        _taken(taken)
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every queued row is written (True) or ``timeout`` passes, e.g. while writes fail."""
+        """Wait until every queued op is written or spooled (True) or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._rows or self._busy:
+            while self._ops or self._busy:
                 left = deadline - time.monotonic()
                 if left <= 0 or self._thread is None:
                     return False
@@ -140,7 +129,7 @@ class AuditTrail:
         if self._thread is None:
             return
         if not self.flush(timeout):
-            log.error("audit: %d rows could not be written before shutdown (%s)", len(self._rows), self.error)
+            log.error("audit: %d rows could not be written before shutdown (%s)", len(self._ops), self.error)
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -149,49 +138,112 @@ class AuditTrail:
     # --- the writer thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        next_prune = 0.0
+        self._recover()
+        self._upkeep()
+        next_prune = self.clock() + PRUNE_EVERY_S
+        with self._cond:
+            self._busy = False  # (flush() waits for the start's work too)
+            self._cond.notify_all()
         while True:
             with self._cond:
-                while not self._rows and not self._stop and self.clock() < next_prune:
-                    self._cond.wait(max(0.0, next_prune - self.clock()))
-                if self._stop and (not self._rows or self.error is not None):
-                    return
-                batch = [self._rows.popleft() for _ in range(min(BATCH, len(self._rows)))]
+                while not self._ops and not self._stop and self.clock() < next_prune and not self._retry_spool():
+                    self._cond.wait(max(0.0, min(next_prune - self.clock(), RETRY_S if self.error else 3600.0)))
+                if self._stop and not self._ops:
+                    break
+                batch = [self._ops.popleft() for _ in range(min(BATCH, len(self._ops)))]
                 self._busy = bool(batch)
-            failed = False
-            try:
-                if batch:
-                    self._insert(batch)
-                    if self.error is not None:
-                        log.warning("audit: writing again after: %s", self.error)
-                    self.error = None
-                    self.written += len(batch)
-            except Exception as e:  # noqa: BLE001 - kept and retried; check() refuses new work meanwhile
-                failed = True
-                reason = _reason(e)
-                if self.error is None:
-                    log.error("audit: cannot write to the database (%s); %d rows kept for retry; %s", reason,
-                              len(batch) + len(self._rows),
-                              "new syntheses are refused until it works again (audit.required)" if self.config.required
-                              else "syntheses go on (audit.required false), their rows kept")
-                self.error = reason
-            if not failed and self.clock() >= next_prune:
+            kept = self._write_or_spool(batch)
+            if self.error is None and self.clock() >= next_prune:
                 next_prune = self.clock() + PRUNE_EVERY_S
-                try:  # (a failed prune is tried again later; it never re-queues rows nor refuses work)
-                    self.prune()
-                except Exception as e:  # noqa: BLE001
-                    log.warning("audit: pruning old rows failed (%s); trying again in an hour", _reason(e))
+                self._upkeep()
             with self._cond:
-                if failed:
-                    self._rows.extendleft(reversed(batch))
+                if kept:
+                    self._ops.extendleft(reversed(kept))
                 self._busy = False
                 self._cond.notify_all()
-                if failed and not self._stop:
+                if kept and not self._stop:
                     self._cond.wait(RETRY_S)
+                elif kept:
+                    log.error("audit: %d rows lost at shutdown: neither the database nor the spool took them (%s)",
+                              len(kept), self.error)
+                    return
+        if self.spool is not None and self.spool.waiting:  # stopping: what the spool holds goes in now if it can
+            try:
+                self.spool.replay(lambda spooled: self._write(spooled, once=True))
+            except Exception as e:  # noqa: BLE001
+                log.warning("audit: the spool stays for the next start: the database still fails (%s)", _reason(e))
 
-    def _insert(self, rows: list[dict[str, Any]]) -> None:
-        with self.engine.begin() as c:
-            c.execute(audit.insert(), rows)
+    def _write_or_spool(self, batch: list[tuple[dict[str, Any], Any]]) -> list:
+        """Write ``batch`` (the spool first, when it holds older ops); when the database fails, to the
+        spool; when that fails too, hand it back to be kept. Each op's callback runs once it is taken."""
+        if not batch and not self._retry_spool():
+            return []
+        ops = [op for op, _ in batch]
+        try:
+            if self.spool is not None and self.spool.waiting:
+                self.spool.replay(lambda spooled: self._write(spooled, once=True))  # (in order: older first)
+            if ops:
+                self._write(ops)
+            if self.error is not None:
+                log.warning("audit: writing again after: %s", self.error)
+            self.error = None
+            self.written += len(ops)
+        except Exception as e:  # noqa: BLE001 - spooled (or kept) and retried; check() refuses new work meanwhile
+            reason = _reason(e)
+            if self.error is None:
+                log.error("audit: cannot write to the database (%s); rows go to the spool and are written once it "
+                          "works; %s", reason, "new syntheses are refused until then (audit.required)"
+                          if self.config.required else "syntheses go on (audit.required false)")
+            self.error = reason
+            self._next_retry = self.clock() + RETRY_S
+            if ops:
+                try:
+                    if self.spool is None:
+                        raise OSError("no spool file")
+                    self.spool.append(ops)
+                    self.spooled += len(ops)
+                except OSError as spool_error:
+                    log.error("audit: the spool cannot be written either (%s): %d rows kept in memory", spool_error,
+                              len(ops) + len(self._ops))
+                    for _, taken in batch:
+                        _taken(taken)  # (the first audio does not wait on a database that is away)
+                    return [(op, None) for op, _ in batch]
+        for _, taken in batch:
+            _taken(taken)
+        return []
+
+    def _retry_spool(self) -> bool:
+        """Whether to try the spool's replay now: writes failed, it holds ops, and RETRY_S has passed."""
+        return (self.error is not None and self.spool is not None and self.clock() >= self._next_retry
+                and self.spool.waiting)
+
+    def _write(self, ops: list[dict[str, Any]], once: bool = False) -> None:
+        apply(self.engine, ops, once)
+
+    def _recover(self) -> None:
+        """At start: what the spool holds from before goes in, then this server's rows left open by
+        its last run (a crash) are closed as interrupted."""
+        try:
+            if self.spool is not None and self.spool.waiting:
+                log.info("audit: %d rows written from the spool",
+                         self.spool.replay(lambda spooled: self._write(spooled, once=True)))
+            with self.engine.begin() as c:
+                closed = close_open_rows(c, self.instance)
+            if closed:
+                log.warning("audit: %d rows of syntheses this server was running when it stopped are marked "
+                            "interrupted", closed)
+        except Exception as e:  # noqa: BLE001 - tried again at the next write
+            self.error = _reason(e)
+            log.error("audit: cannot recover the spool or open rows at start (%s); trying again", self.error)
+
+    def _upkeep(self) -> None:
+        """Hourly: delete rows past retention, close rows left open by servers that never came back."""
+        try:  # (a failed prune is tried again later; it never re-queues rows nor refuses work)
+            self.prune()
+            with self.engine.begin() as c:
+                close_open_rows(c, None, OPEN_ROW_MAX_S)
+        except Exception as e:  # noqa: BLE001
+            log.warning("audit: pruning old rows failed (%s); trying again in an hour", _reason(e))
 
     def prune(self) -> int:
         """Delete rows older than ``audit.retention_days``; returns how many."""
@@ -201,6 +253,16 @@ class AuditTrail:
         if gone:
             log.info("audit: %d rows older than %g days deleted", gone, self.config.retention_days)
         return gone
+
+
+def _taken(callback: Callable[[], None] | None) -> None:
+    """Tell whoever waits for an op that the writer has taken it; nothing it does stops the writer."""
+    if callback is None:
+        return
+    try:
+        callback()
+    except Exception:  # noqa: BLE001
+        log.exception("audit: telling a synthesis that its row was written failed")
 
 
 def _reason(e: Exception) -> str:
@@ -225,6 +287,8 @@ def rows(engine: Engine, since: datetime, until: datetime | None = None, voice: 
     with engine.connect() as c:
         for row in c.execute(query).mappings():
             out = dict(row)
-            stamp = out["time"]
-            out["time"] = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).isoformat()
+            for name in ("time", "ended"):  # (SQLite gives them back without their zone: they are UTC)
+                stamp = out[name]
+                if stamp is not None:
+                    out[name] = (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).isoformat()
             yield out

@@ -1,0 +1,104 @@
+"""What the audit trail's writer does to the database, and its spool: the local file that holds what
+could not reach the database, so that neither a database outage nor a crash during one loses a row.
+
+An *op* is a dict: ``{"op": "start", "row": {...}}`` (a synthesis began: its row, outcome
+``started``), ``{"op": "end", "entry_id": ..., "values": {...}}`` (it ended: outcome, reason,
+audio seconds, hashes, when), or ``{"op": "row", "row": {...}}`` (a whole row at once). Ops are
+applied in order, in one transaction per batch. The spool is JSON lines, appended and fsynced;
+replaying it applies each op at most once (a start whose entry id is in the table already is
+skipped; an end sets what it sets), then empties the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from lyre.storage.db import audit
+
+ENDING = ("outcome", "reason", "audio_seconds", "text_sha256", "pcm_sha256", "ended")
+_END = audit.update().where(audit.c.entry_id == sa.bindparam("b_entry_id")).values(
+    **{name: sa.bindparam(f"b_{name}") for name in ENDING})
+INTERRUPTED = "the server stopped before the synthesis ended"
+
+
+def apply(engine: Engine, ops: list[dict[str, Any]], once: bool = False) -> None:
+    """Apply ``ops`` in one transaction (``once``: skip starts and rows already in the table)."""
+    with engine.begin() as c:
+        for op in ops:
+            if op["op"] in ("start", "row"):
+                row = op["row"]
+                if once and c.execute(sa.select(audit.c.id).where(audit.c.entry_id == row["entry_id"])).first():
+                    continue
+                c.execute(audit.insert(), [row])
+            else:
+                c.execute(_END, [{"b_entry_id": op["entry_id"], **{f"b_{k}": v for k, v in op["values"].items()}}])
+
+
+def close_open_rows(c: Connection, instance: str | None, older_than_s: float | None = None) -> int:
+    """Mark rows still ``started`` as ``interrupted``: those ``instance`` opened (it is starting
+    again, so none of them runs), or any opened more than ``older_than_s`` ago (their server
+    never came back)."""
+    query = audit.update().where(audit.c.outcome == "started")
+    if instance is not None:
+        query = query.where(audit.c.instance == instance)
+    if older_than_s is not None:
+        query = query.where(audit.c.time < datetime.now(timezone.utc) - timedelta(seconds=older_than_s))
+    return c.execute(query.values(outcome="interrupted", reason=INTERRUPTED[:64],
+                                  ended=datetime.now(timezone.utc))).rowcount
+
+
+class Spool:
+    """The append-only local file of ops that could not be written (JSON lines, fsynced)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @property
+    def waiting(self) -> bool:
+        try:
+            return self.path.stat().st_size > 0
+        except OSError:
+            return False
+
+    def append(self, ops: list[dict[str, Any]]) -> None:
+        """Raises OSError when the file cannot be written (the ops then stay in memory)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = "".join(json.dumps(op, default=_encode, separators=(",", ":")) + "\n" for op in ops).encode()
+        with open(self.path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    def replay(self, write: Callable[[list[dict[str, Any]]], None]) -> int:
+        """``write`` what the file holds (:func:`apply` with ``once``), then empty it; returns how many
+        ops. Raises what ``write`` raises (the file is kept)."""
+        lines = self.path.read_text().splitlines()
+        ops = []
+        for line in lines:
+            try:
+                ops.append(json.loads(line, object_hook=_decode))
+            except ValueError:
+                continue  # a line cut short by a crash mid-write: its op was not acknowledged either
+        write(ops)
+        with open(self.path, "r+b") as f:
+            f.truncate(0)
+            os.fsync(f.fileno())
+        return len(ops)
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return {"$time": value.isoformat()}
+    raise TypeError(f"cannot spool {type(value).__name__}")
+
+
+def _decode(obj: dict[str, Any]) -> Any:
+    return datetime.fromisoformat(obj["$time"]) if set(obj) == {"$time"} else obj
