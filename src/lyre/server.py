@@ -74,7 +74,10 @@ async def listen(service: TTSService, host: str, http_port: int, grpc_port: int 
                             inflight.address.trusted, service.metrics)
     app = create_app(service, inflight)
     app.middlewares.insert(0, guard.middleware)  # outermost: it sees every request the application gets
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=UNWIND_S, keepalive_timeout=cfg.keepalive_timeout_s)
+    # auto_decompress off: a body is read as sent, and one with a Content-Encoding is refused (415) by
+    # the application, not failed by aiohttp's parser (deflate junk reset the connection, br was a 400)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=UNWIND_S, keepalive_timeout=cfg.keepalive_timeout_s,
+                           auto_decompress=False)
     await runner.setup()
     await GuardedSite(runner, host, http_port, guard).start()
     log.info("connections: at most %d on the REST/WebSocket port, %d on gRPC, %s per client address", http_cap,

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from lyre.benchmarks.fuzz import GRPC_CORPUS, REST_CORPUS, STREAM_CORPUS, WS_CORPUS
 from tests.support.narrow_codec import narrow_codec
 
 NOTHING_LEFT = {"kv_slots_used": 0, "active_sessions": 0, "pending_sessions": 0, "codec_states": 0}
@@ -33,6 +34,9 @@ def check_every_phase(r: dict, requests: int, burst: int) -> None:
     assert drain["lost"] == 0, drain["lost_examples"]
     assert drain["exit_code"] == 0
     assert fuzz["violations"] == [] and fuzz["health"] == 200 and left(fuzz) == NOTHING_LEFT
+    # the fixed corpus of issue 25's inputs went first, on every surface (the streams' later messages too)
+    assert fuzz["corpus"] == len(REST_CORPUS) + len(WS_CORPUS) + len(GRPC_CORPUS) + len(STREAM_CORPUS)
+    assert fuzz["grpc_streams"] == len(STREAM_CORPUS) and fuzz["rest"] > len(REST_CORPUS)
     assert r["log_errors"] == [] and drain["log_errors"] == []
 
 

@@ -2,7 +2,8 @@
 gRPC messages (and raw bytes). Every answer must be a success or a clear client error: never a
 5xx, an INTERNAL/UNKNOWN status, a hang, or a socket closed without an error frame.
 
-Examples are drawn by hypothesis (``derandomize`` for a repeatable run), then sent in order.
+A fixed corpus (the inputs hostile runs found answered wrongly) goes first, then examples drawn by
+hypothesis (``derandomize`` for a repeatable run), in order.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import grpc
 import websockets
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
 
 from lyre.service.options import SpeechBody, WsMessage
 from lyre.v1 import tts_pb2, tts_pb2_grpc
@@ -67,6 +69,62 @@ GRPC_REQUEST = st.one_of(
 )
 
 
+# The inputs that hostile runs found answered wrongly (issue 25), sent first on every run, on every
+# surface they fit: text spelling a control token (whole, and split across two messages), sampling
+# that would leave no candidate, impossible token counts, encoded and doubly authorised bodies,
+# malformed multipart, a later streaming message that changes the call's settings.
+CONTROL_TEXTS = ("Say <|eot_id|> now.", "<custom_token_5>", "x<|begin_of_text|>", "Hi <|start_header_id|> x")
+BAD_SAMPLING = ({"top_p": 1e-45}, {"top_p": 1e-300}, {"top_p": 0}, {"temperature": 1e-30},
+                {"min_tokens": 20, "max_tokens": 10}, {"max_tokens": 100000})
+SPEECH = "/v1/audio/speech"
+_PART = b'--X\r\nContent-Disposition: form-data; name="audio"; filename="a.wav"\r\n\r\nRIFF\r\n--X--\r\n'
+REST_CORPUS: list[tuple[str, Any, Any]] = [
+    *[(SPEECH, {"input": text, "voice": "tara"}, {}) for text in CONTROL_TEXTS],
+    *[(SPEECH, {"input": "Hello there.", **bad}, {}) for bad in BAD_SAMPLING],
+    (SPEECH, {"input": None}, {}),
+    *[(SPEECH, {"input": "Hello there."}, {"Content-Encoding": enc}) for enc in ("gzip", "deflate", "br", "x-unknown")],
+    (SPEECH, {"input": "Hello there."}, [("Authorization", "Bearer a"), ("Authorization", "Bearer b")]),
+    *[(path, body, {"Content-Type": "multipart/form-data; boundary=X"}) for path in ("/v1/audio/verify", "/v1/voices")
+      for body in (_PART.replace(b"Content-Disposition", b"Content-Disposition\x00"),
+                   _PART.replace(b"\r\n\r\n", b"\r\n"), b"--X\r\n" + b"A: b\r\n" * 200, b"--X--garbage", _PART[:30])],
+]
+WS_CORPUS: list[list[Any]] = [
+    *[[{"context_id": "c", "append": text, "voice": "tara"}, {"context_id": "c", "end": True}] for text in CONTROL_TEXTS],
+    [{"context_id": "c", "append": "Hi <|eot"}, {"context_id": "c", "append": "_id|> you."}, {"context_id": "c", "end": True}],
+    *[[{"text": "Hello there.", **bad}] for bad in BAD_SAMPLING],
+]
+GRPC_CORPUS: list[tuple[str, Any]] = [
+    *[("message", tts_pb2.SynthesizeRequest(text=text)) for text in CONTROL_TEXTS],
+    *[("message", tts_pb2.SynthesizeRequest(text="Hello there.", sampling=tts_pb2.SamplingOptions(**bad)))
+      for bad in BAD_SAMPLING if "min_tokens" not in bad],
+]
+
+
+def _riva(text: str, **fields: Any) -> Any:
+    return riva_tts_pb2.SynthesizeSpeechRequest(text=text, **{"sample_rate_hz": 8000, **fields})
+
+
+def _config() -> Any:
+    return tts_pb2.StreamingSynthesizeRequest(config=tts_pb2.StreamingConfig(voice="tara"))
+
+
+def _text(text: str) -> Any:
+    return tts_pb2.StreamingSynthesizeRequest(text=text)
+
+
+# (method, messages): streaming calls whose later messages must be checked like the first
+STREAM_CORPUS: list[tuple[str, list[Any]]] = [
+    *[("StreamingSynthesize", [_config(), _text("Fine so far. "), _text(text)]) for text in CONTROL_TEXTS],
+    ("StreamingSynthesize", [_config(), _text("Hi <|eot"), _text("_id|> you.")]),
+    ("StreamingSynthesize", [_config(), _config()]),
+    *[("SynthesizeOnline", [_riva("First."), _riva(text)]) for text in CONTROL_TEXTS],
+    ("SynthesizeOnline", [_riva("First.", voice_name="tara"), _riva("Next.", voice_name="leo")]),
+    ("SynthesizeOnline", [_riva("First."), _riva("Next.", encoding=7)]),
+    ("SynthesizeOnline", [_riva("First."), _riva("Next.", voice_name="v_0123456789abcdef")]),
+    ("SynthesizeOnline", [_riva("First."), _riva("Next.", custom_configuration={"top_p": "1e-45"})]),
+]
+
+
 def draw(strategy: st.SearchStrategy, n: int, derandomize: bool) -> list[Any]:
     """``n`` examples of ``strategy`` as hypothesis generates them."""
     out: list[Any] = []
@@ -81,18 +139,18 @@ def draw(strategy: st.SearchStrategy, n: int, derandomize: bool) -> list[Any]:
     return out[:n]
 
 
-async def rest(http: str, examples: list[tuple[Any, dict]]) -> list[str]:
-    """Violations: 5xx, a non-JSON error, a 200 without audio, a hang."""
+async def rest(http: str, examples: list[tuple[str, Any, Any]]) -> list[str]:
+    """(path, body, headers) posted. Violations: 5xx, a non-JSON error, a 200 without audio, a hang."""
     bad = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as s:
-        for body, headers in examples:
+        for path, body, headers in examples:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             try:
-                async with s.post(http + "/v1/audio/speech", data=data, headers=headers) as r:
+                async with s.post(http + path, data=data, headers=headers) as r:
                     payload = await r.read()
                     if r.status >= 500:
                         bad.append(f"REST {r.status} for {body!r:.80}: {payload[:200]!r}")
-                    elif r.status == 200 and not payload:
+                    elif r.status == 200 and not payload and path == SPEECH:
                         bad.append(f"REST 200 without audio for {body!r:.80}")
                     elif r.status != 200 and not json.loads(payload)["error"]["message"]:
                         bad.append(f"REST {r.status} without a message for {body!r:.80}")
@@ -136,6 +194,23 @@ CLIENT_ERRORS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.Stat
                  grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
+async def grpc_streams(target: str, cases: list[tuple[str, list[Any]]]) -> list[str]:
+    """Streaming calls: each must end OK or with a client error that says why (never a bare
+    CANCELLED, never INTERNAL/UNKNOWN), whichever message was the bad one."""
+    bad = []
+    async with grpc.aio.insecure_channel(target) as channel:
+        calls = {"StreamingSynthesize": tts_pb2_grpc.TextToSpeechStub(channel).StreamingSynthesize,
+                 "SynthesizeOnline": riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel).SynthesizeOnline}
+        for method, messages in cases:
+            try:
+                async for _ in calls[method](iter(messages), timeout=TIMEOUT_S):
+                    pass
+            except grpc.aio.AioRpcError as e:
+                if e.code() not in CLIENT_ERRORS or not e.details():
+                    bad.append(f"gRPC {method} {e.code().name} for {messages!r:.120}: {e.details()}")
+    return bad
+
+
 async def grpc_calls(target: str, examples: list[tuple[str, Any]]) -> list[str]:
     bad = []
     async with grpc.aio.insecure_channel(target) as channel:
@@ -152,14 +227,16 @@ async def grpc_calls(target: str, examples: list[tuple[str, Any]]) -> list[str]:
 
 def run(http: str, grpc_target: str, examples: int, derandomize: bool = True) -> dict[str, Any]:
     """Fuzz every surface with ``examples`` examples each (WebSocket: examples / 4 sequences)."""
-    rest_examples = list(zip(draw(REST_BODY, examples, derandomize), draw(REST_HEADERS, examples, derandomize),
-                             strict=False))
-    sequences = draw(WS_SEQUENCE, max(1, examples // 4), derandomize)
-    grpc_examples = draw(GRPC_REQUEST, examples, derandomize)
+    rest_examples = REST_CORPUS + [(SPEECH, body, headers) for body, headers in zip(
+        draw(REST_BODY, examples, derandomize), draw(REST_HEADERS, examples, derandomize), strict=False)]
+    sequences = WS_CORPUS + draw(WS_SEQUENCE, max(1, examples // 4), derandomize)
+    grpc_examples = GRPC_CORPUS + draw(GRPC_REQUEST, examples, derandomize)
 
     async def go():
-        return await rest(http, rest_examples), await ws(http, sequences), await grpc_calls(grpc_target, grpc_examples)
+        return (await rest(http, rest_examples), await ws(http, sequences), await grpc_calls(grpc_target, grpc_examples),
+                await grpc_streams(grpc_target, STREAM_CORPUS))
 
-    rest_bad, ws_bad, grpc_bad = asyncio.run(go())
+    rest_bad, ws_bad, grpc_bad, stream_bad = asyncio.run(go())
+    corpus = len(REST_CORPUS) + len(WS_CORPUS) + len(GRPC_CORPUS) + len(STREAM_CORPUS)
     return {"rest": len(rest_examples), "ws_sequences": len(sequences), "grpc": len(grpc_examples),
-            "violations": rest_bad + ws_bad + grpc_bad}
+            "grpc_streams": len(STREAM_CORPUS), "corpus": corpus, "violations": rest_bad + ws_bad + grpc_bad + stream_bad}

@@ -342,7 +342,8 @@ def table(r: dict[str, Any]) -> str:
         f"({d['short_cut_at_timeout']} cut at the timeout: a slow machine), "
         f"{d['cancelled_with_a_message']}/{d['too_long']} long ones cancelled with a message at the timeout; "
         f"{d['lost']} lost; exit {d['exit_code']} after {d['exit_s']:.1f} s",
-        f"fuzz      {f['rest']} REST bodies, {f['ws_sequences']} WebSocket sequences, {f['grpc']} gRPC messages: "
+        f"fuzz      {f['rest']} REST bodies, {f['ws_sequences']} WebSocket sequences, {f['grpc']} gRPC messages, "
+        f"{f['grpc_streams']} gRPC/Riva streams ({f['corpus']} from the fixed corpus): "
         f"{len(f['violations'])} violations; health {f['health']}; afterwards {left(f['after'])}",
         f"log       {len(r['log_errors']) + len(d['log_errors'])} error lines",
     ]
