@@ -39,6 +39,8 @@ def _traffic(srv) -> None:
                          timeout=60).status_code == 404  # (the voice: the key, as a careless client might)
     assert requests.post(url, json={"input": "Hi."}, timeout=60,
                          headers={"Authorization": f"Bearer {WRONG}", "X-Request-Id": WRONG}).status_code == 401
+    assert requests.post(url, json={"input": "Hi."}, timeout=60,  # (a key inside an id is no id either)
+                         headers={"Authorization": f"Bearer {WRONG}", "X-Request-Id": f"trace-{WRONG}"}).status_code == 401
     assert requests.get(f"{srv.http}/v1/nothing/{KEY}?key={KEY}", headers=everywhere, timeout=60).status_code == 404
 
     async def ws():

@@ -214,3 +214,26 @@ def test_the_audit_command_runs_as_a_user_runs_it(tmp_path):
                           "--set", f"data_dir={tmp_path}"], capture_output=True, text=True, cwd=REPO_ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("time,ended,account,voice") and "0 rows" in out.stderr
+
+
+def test_a_start_whose_recovery_fails_tries_again_instead_of_refusing_for_ever(tmp_path, monkeypatch):
+    """The database blinks while the trail starts: it refuses (audit.required) only until its
+    recovery is tried again and works."""
+    import lyre.trust.audit as trail_module
+
+    engine = open_database(f"sqlite:///{tmp_path / 'lyre.db'}")
+    real, calls = trail_module.close_open_rows, []
+
+    def blink(c, instance, **kwargs):
+        calls.append(instance)
+        if len(calls) == 1:
+            raise sa.exc.OperationalError("UPDATE audit", {}, Exception("database is locked"))
+        return real(c, instance, **kwargs)
+
+    monkeypatch.setattr(trail_module, "close_open_rows", blink)
+    trail = AuditTrail(engine, AuditConfig(), spool=tmp_path / "spool.jsonl", instance="me")
+    try:
+        until(lambda: len(calls) >= 2 and trail.error is None, what="the recovery to be tried again")
+        assert not trail.refusing
+    finally:
+        trail.close()

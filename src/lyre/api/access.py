@@ -48,7 +48,9 @@ def request_id(sent: str | None, authorization: str | None, is_key: Callable[[st
     """The client's request id when it is sane and no credential (an API key of the server's, or the
     token this very request authenticates with, right or wrong), else a new one."""
     sent = str(sent or "")
-    if not REQUEST_ID.fullmatch(sent) or is_key(sent) or sent in str(authorization or ""):
+    token = str(authorization or "").partition(" ")[2].strip()
+    if (not REQUEST_ID.fullmatch(sent) or is_key(sent) or sent in str(authorization or "")
+            or (len(token) >= 8 and token in sent)):
         return new_request_id()
     return sent
 
@@ -128,7 +130,9 @@ class AccessLog:
         with self._lock:
             now = self.clock()
             if now - self._window >= self.interval_s:
-                self._window, self._counts = now, {}  # (held counts carry over to each cause's next line)
+                self._window, self._counts = now, {}  # (held counts carry over to each cause's next line,
+                if len(self._held) > MAX_CAUSES:  # unless a flood from many addresses left too many)
+                    self._held = {}
             if cause not in self._counts and len(self._counts) >= MAX_CAUSES:
                 cause = ("(many causes)",)
             n = self._counts.get(cause, 0)

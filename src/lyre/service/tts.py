@@ -183,7 +183,6 @@ class TTSService:
                 self.gate.leave(account)
                 raise
             audit.add_text(text)
-        audit.begin()  # admitted: its row is written now, before its first audio (an utterance's: at its first piece)
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
         session = Session(
@@ -198,6 +197,7 @@ class TTSService:
         if not self._loop.post(lambda: self.scheduler.submit(session)):
             self.gate.leave(account)
             raise ServiceUnavailable("the service is shutting down")
+        audit.begin()  # admitted: its row is written now, before its first audio (an utterance's: at its first piece)
         return SpeechStream(session, events, lambda: self._cancel(session.session_id), audit, owns_audit,
                             mark if mark is not None else self.marker())
 

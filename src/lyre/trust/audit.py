@@ -69,7 +69,9 @@ class AuditTrail:
         self._busy = config.enabled  # the writer holds ops it is writing (or does its start's work)
         self._stop = False
         self.error: str | None = None  # why the last write failed; None once writes succeed again
-        self._next_retry = 0.0  # while writes fail: when the spool is tried again
+        self._next_retry = 0.0  # while writes fail: when the spool (or the start's recovery) is tried again
+        self._recovered = False  # the start's recovery (spool, this server's open rows) is done
+        self.created = datetime.now(timezone.utc)
         self.written = 0
         self.spooled = 0
         self.dropped = 0  # ops dropped beyond audit.max_queued_rows (spool unwritable, audit.required false)
@@ -110,7 +112,12 @@ class AuditTrail:
         try:
             self._write([op])
         except Exception as e:  # noqa: BLE001
-            log.error("audit: a row recorded after shutdown could not be written (%s): %s", _reason(e), op)
+            try:
+                if self.spool is None:
+                    raise OSError("no spool file") from e
+                self.spool.append([op])  # (written at the next start)
+            except OSError:
+                log.error("audit: a row recorded after shutdown could not be written (%s): %s", _reason(e), op)
         _taken(taken)
 
     def flush(self, timeout: float = 30.0) -> bool:
@@ -146,16 +153,20 @@ class AuditTrail:
             self._cond.notify_all()
         while True:
             with self._cond:
-                while not self._ops and not self._stop and self.clock() < next_prune and not self._retry_spool():
+                while (not self._ops and not self._stop and self.clock() < next_prune and not self._retry_spool()
+                       and not self._retry_recover()):
                     self._cond.wait(max(0.0, min(next_prune - self.clock(), RETRY_S if self.error else 3600.0)))
                 if self._stop and not self._ops:
                     break
                 batch = [self._ops.popleft() for _ in range(min(BATCH, len(self._ops)))]
                 self._busy = bool(batch)
+            if self._retry_recover():
+                self._recover()
             kept = self._write_or_spool(batch)
-            if self.error is None and self.clock() >= next_prune:
+            if self.clock() >= next_prune:
                 next_prune = self.clock() + PRUNE_EVERY_S
-                self._upkeep()
+                if self.error is None:
+                    self._upkeep()
             with self._cond:
                 if kept:
                     self._ops.extendleft(reversed(kept))
@@ -222,19 +233,29 @@ class AuditTrail:
 
     def _recover(self) -> None:
         """At start: what the spool holds from before goes in, then this server's rows left open by
-        its last run (a crash) are closed as interrupted."""
+        its last run (a crash: opened before this trail was) are closed as interrupted. Tried again
+        every RETRY_S until it works (meanwhile ``error`` says why, and check() refuses)."""
         try:
             if self.spool is not None and self.spool.waiting:
                 log.info("audit: %d rows written from the spool",
                          self.spool.replay(lambda spooled: self._write(spooled, once=True)))
             with self.engine.begin() as c:
-                closed = close_open_rows(c, self.instance)
+                closed = close_open_rows(c, self.instance, opened_before=self.created)
             if closed:
                 log.warning("audit: %d rows of syntheses this server was running when it stopped are marked "
                             "interrupted", closed)
-        except Exception as e:  # noqa: BLE001 - tried again at the next write
+            self._recovered = True
+            if self.error is not None:
+                log.warning("audit: writing again after: %s", self.error)
+            self.error = None
+        except Exception as e:  # noqa: BLE001 - tried again every RETRY_S
+            if self.error is None:
+                log.error("audit: cannot recover the spool or open rows at start (%s); trying again", _reason(e))
             self.error = _reason(e)
-            log.error("audit: cannot recover the spool or open rows at start (%s); trying again", self.error)
+            self._next_retry = self.clock() + RETRY_S
+
+    def _retry_recover(self) -> bool:
+        return not self._recovered and self.clock() >= self._next_retry
 
     def _upkeep(self) -> None:
         """Hourly: delete rows past retention, close rows left open by servers that never came back."""

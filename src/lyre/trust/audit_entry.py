@@ -82,7 +82,7 @@ class AuditEntry:
     async def recorded(self) -> None:
         """Wait until the start row is written (or spooled): the first audio goes out after it."""
         if self._recorded is not None and not self._recorded.done():
-            await self._recorded
+            await asyncio.shield(self._recorded)  # (shared by the utterance's pieces: one cancelled waiter is no more)
 
     def finish(self, outcome: str, reason: str | None = None) -> None:
         """Complete the row for how the synthesis ended (the scheduler's outcome and reason; once)."""

@@ -42,13 +42,16 @@ def apply(engine: Engine, ops: list[dict[str, Any]], once: bool = False) -> None
                 c.execute(_END, [{"b_entry_id": op["entry_id"], **{f"b_{k}": v for k, v in op["values"].items()}}])
 
 
-def close_open_rows(c: Connection, instance: str | None, older_than_s: float | None = None) -> int:
-    """Mark rows still ``started`` as ``interrupted``: those ``instance`` opened (it is starting
-    again, so none of them runs), or any opened more than ``older_than_s`` ago (their server
-    never came back)."""
+def close_open_rows(c: Connection, instance: str | None, older_than_s: float | None = None,
+                    opened_before: datetime | None = None) -> int:
+    """Mark rows still ``started`` as ``interrupted``: those ``instance`` opened before
+    ``opened_before`` (its last run's: it is starting again, so none of them runs), or any opened
+    more than ``older_than_s`` ago (their server never came back)."""
     query = audit.update().where(audit.c.outcome == "started")
     if instance is not None:
         query = query.where(audit.c.instance == instance)
+    if opened_before is not None:
+        query = query.where(audit.c.time < opened_before)
     if older_than_s is not None:
         query = query.where(audit.c.time < datetime.now(timezone.utc) - timedelta(seconds=older_than_s))
     return c.execute(query.values(outcome="interrupted", reason=INTERRUPTED[:64],
@@ -73,9 +76,14 @@ class Spool:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         data = "".join(json.dumps(op, default=_encode, separators=(",", ":")) + "\n" for op in ops).encode()
         with open(self.path, "ab") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            size = f.seek(0, os.SEEK_END)
+            try:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError:
+                f.truncate(size)  # no half-written line: the ops stay in memory, and only there
+                raise
 
     def replay(self, write: Callable[[list[dict[str, Any]]], None]) -> int:
         """``write`` what the file holds (:func:`apply` with ``once``), then empty it; returns how many
