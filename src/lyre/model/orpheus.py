@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from lyre.errors import ControlTokenInText
+
 # --- special ids (Llama 3 + Orpheus) ------------------------------------------------------------
 BOS = 128000  # <|begin_of_text|>, added by the tokenizer
 END_OF_TEXT = 128009  # <|eot_id|>
@@ -148,7 +150,7 @@ def build_prompt_ids(tokenizer: TextTokenizer, text: str, voice: str | None = No
     if not text or not text.strip():
         raise ValueError("text is empty: there is nothing to speak")
     if (found := control_token(tokenizer, text)) is not None:
-        raise ValueError(found.refusal())
+        raise ControlTokenInText(found.refusal())
     content = f"{voice}: {text}" if voice else text
     ids = encode_text(tokenizer, content)
     control = next((i for i in ids[1:] if i >= TEXT_VOCAB_END), None)

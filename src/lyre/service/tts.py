@@ -33,7 +33,6 @@ from lyre.core.session import Segment, Session
 from lyre.core.stats import StatsSnapshot
 from lyre.engine.base import SamplingParams
 from lyre.errors import (
-    ControlTokenInText,
     InvalidRequest,
     OutOfRange,
     OverloadedError,
@@ -314,8 +313,6 @@ class TTSService:
             raise TextTooLong(
                 f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
             )
-        if (found := orpheus.control_token(self.tokenizer, request.text)) is not None:
-            raise ControlTokenInText(found.refusal())
         pieces = split_text(request.text, MAX_SEGMENT_CHARS)
         key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
         try:
@@ -324,6 +321,8 @@ class TTSService:
                                     prefix_len=len(reference)) for p in pieces]
             else:
                 segments = [Segment(orpheus.build_prompt_ids(self.tokenizer, p, voice)) for p in pieces]
+        except InvalidRequest:
+            raise  # (ControlTokenInText: text that spells a control token)
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
         longest = max(len(s.prompt_ids) for s in segments)
