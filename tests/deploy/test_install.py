@@ -115,3 +115,10 @@ def test_setup_on_a_gpu_machine_without_mpi_names_the_package_to_install(tmp_pat
                          env=fake_gpu_machine(tmp_path, cuda="13.0"))
     assert run.returncode != 0
     assert "needs MPI" in run.stderr and "apt-get install -y libopenmpi-dev" in run.stderr
+
+
+def test_setup_refuses_an_unknown_installer_before_it_installs_anything(tmp_path):
+    run = subprocess.run(["bash", "setup.sh"], cwd=REPO_ROOT, capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "LYRE_INSTALLER": "conda", "PYTHON": "/nonexistent"})
+    assert run.returncode != 0
+    assert "LYRE_INSTALLER must be uv or pip, not 'conda'" in run.stderr
