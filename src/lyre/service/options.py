@@ -16,10 +16,12 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
     ValidationError,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -39,6 +41,19 @@ def _valid_unicode(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)]
+
+
+def _not_null(value: Any) -> Any:
+    if value is None:
+        raise ValueError("must be a string, not null (leave it out instead)")
+    return value
+
+
+# Text to speak that may be left out but, when given, is a string with something besides
+# whitespace (an explicit null, "" or "  " is refused), as the OpenAPI document says; the default
+# None is not validated, so leaving it out still works.
+GivenText = Annotated[Text | None, BeforeValidator(_not_null), WithJsonSchema({"type": "string", "pattern": r"\S"}),
+                      Field(json_schema_extra=lambda schema: schema.pop("default", None))]  # (null is no string)
 
 
 class _Options(BaseModel):
@@ -85,9 +100,9 @@ class SpeechBody(SamplingOptions):
                               json_schema_extra={"oneOf": [{"required": ["input"]}, {"required": ["text"]}]})
 
     model: Name | None = Field(None, description="accepted and ignored (one model is served)")
-    input: Text | None = Field(None, description="what to say (OpenAI's name); up to server.max_input_chars, "
+    input: GivenText = Field(None, description="what to say (OpenAI's name); up to server.max_input_chars, "
                                "split into sentences and spoken as one stream")
-    text: Text | None = Field(None, description="seed 004's name for 'input' (give one of the two)")
+    text: GivenText = Field(None, description="seed 004's name for 'input' (give one of the two)")
     voice: Name | None = Field(None, description="a voice of GET /v1/voices or one of its aliases, any case; "
                                "default model.default_voice")
     response_format: Name | None = Field(None, description="default mp3 with 'input', wav with 'text'; FLAC is "

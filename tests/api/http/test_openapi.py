@@ -73,6 +73,9 @@ def test_speech_as_server_sent_events_answers_as_documented(spec, server):
 @pytest.mark.parametrize("body, status", [
     (b"{not json", 400),
     ({"input": "hi", "colour": "blue"}, 400),
+    ({"input": None}, 400),  # the document does not allow null: leave it out
+    ({"input": None, "text": "hi"}, 400),
+    ({"input": " \n\t"}, 400),  # nothing to speak: the document's pattern asks for a non-space character
     ({"input": "hi", "voice": "bob"}, 404),
     ({"input": "hi", "speed": 9}, 422),
     ({"input": "hi", "response_format": "ogg-vorbis"}, 422),
@@ -145,6 +148,8 @@ def test_the_speech_body_schema_is_the_one_requests_are_validated_with(spec, ser
     assert set(body["properties"]) == set(SpeechBody.model_fields) and body["additionalProperties"] is False
     assert set(body["properties"]["response_format"]["enum"]) == {*FORMATS, None}
     assert json.dumps(body).count("description") >= len(SpeechBody.model_fields)
+    for text in ("input", "text"):  # a string when given: null is refused (test_speech_errors_answer_as_documented)
+        assert body["properties"][text]["type"] == "string" and "default" not in body["properties"][text]
 
 
 def test_voice_endpoints_answer_as_documented(spec, server):

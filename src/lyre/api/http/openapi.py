@@ -156,11 +156,13 @@ SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enroll
 
 _REQUEST_ID = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
 _ERRORS = {
-    400: "malformed JSON, wrong types, unknown fields, or not a WebSocket handshake",
+    400: "malformed JSON or multipart, wrong types, unknown fields, not a WebSocket handshake, or more than one "
+         "Authorization header",
     401: "missing or wrong API key (only when API keys are configured: server.api_keys, server.api_key)",
     404: "unknown voice (another account's cloned voices are unknown too)",
     409: "the account already has a voice of that name, or holds voices.max_per_account voices",
     413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
+    415: "a Content-Encoding other than identity (send the body unencoded)",
     422: "a value out of range or unsupported (format, sample rate, speed, text too long; enrollment: audio that "
          "is not a usable 3-30 s clip, a transcript it cannot hold, consent missing or not granted)",
     429: "overloaded, or too many open requests from this client (see Retry-After)",
@@ -219,9 +221,18 @@ def _voices() -> dict[str, Any]:
     }
 
 
+_EVERY = (400, 415)  # every route: two Authorization headers, an encoded body (checked before routing)
+_V1 = (401, 429)  # every /v1/ route: the API key, the per-client limit
+
+
 def _v1(operation: dict[str, Any]) -> dict[str, Any]:
-    """An operation under /v1/: an API key when one is configured."""
-    return {**operation, "security": [{}, {"apiKey": []}]}
+    """An operation under /v1/: an API key when one is configured, and the per-client limit."""
+    return {**operation, "security": [{}, {"apiKey": []}], "responses": _with(operation["responses"], _V1)}
+
+
+def _with(responses: dict[str, Any], errors: tuple[int, ...]) -> dict[str, Any]:
+    """``responses`` and the error answers ``errors`` it does not describe otherwise."""
+    return {**responses, **{str(e): _error(e) for e in errors if str(e) not in responses}}
 
 
 def _speech() -> dict[str, Any]:
@@ -271,49 +282,51 @@ def document() -> dict[str, Any]:
     except PackageNotFoundError:  # pragma: no cover - running from a tree without installing
         release = "0"
     text = {"text/plain": {"schema": {"type": "string"}}}
+    paths = {
+        "/v1/audio/speech": {"post": _speech()},
+        "/v1/audio/stream": {"get": _stream()},
+        **_voices(),
+        "/v1/audio/verify": {"post": _v1({
+            "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",
+            "requestBody": {"required": True, "content": {
+                "multipart/form-data": {"schema": {"$ref": "#/components/schemas/Verification"}},
+                "application/octet-stream": {}, "audio/*": {}}},
+            "responses": _json("the verdict", "VerifyResult", 400, 401, 413, 422, 429)})},
+        "/v1/models": {"get": _v1({"operationId": "listModels", "summary": "The model served (OpenAI's form)",
+                                   "responses": _json("the models", "ModelList", 401, 429)})},
+        "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",
+                                  "responses": _json("the figures", "Stats", 401, 429)})},
+        "/ready": {"get": {"operationId": "ready", "summary": "Readiness: send me new callers",
+                           "responses": {
+                               "200": {"description": "ready", "headers": dict(_REQUEST_ID), "content": {
+                                   "application/json": {"schema": {"$ref": "#/components/schemas/Ready"}}}},
+                               "503": {"description": "draining, admission full, or not running",
+                                       "headers": dict(_REQUEST_ID), "content": {"application/json": {
+                                           "schema": {"$ref": "#/components/schemas/Ready"}}}}}}},
+        "/health": {"get": {"operationId": "health", "summary": "Liveness: the engine is loaded and running "
+                            "(draining included)",
+                            "responses": {
+                                "200": {"description": "alive", "headers": dict(_REQUEST_ID), "content": {
+                                    "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}},
+                                "503": {"description": "the engine is not running",
+                                        "headers": dict(_REQUEST_ID), "content": {"application/json": {
+                                            "schema": {"$ref": "#/components/schemas/Health"}}}}}}},
+        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",
+                             "responses": {"200": {"description": "the text exposition format",
+                                                   "headers": dict(_REQUEST_ID), "content": text}}}},
+        "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
+                                  "responses": {"200": {"description": "OpenAPI 3.1",
+                                                        "headers": dict(_REQUEST_ID),
+                                                        "content": {"application/json": {
+                                                            "schema": {"type": "object"}}}}}}},
+    }
     return {
         "openapi": "3.1.0",
         "info": {"title": "Lyre", "version": release,
                  "description": "Streaming text-to-speech for Orpheus-style models. gRPC (lyre.v1 and Riva's "
                                 "API) is served on its own port and described by protos/."},
-        "paths": {
-            "/v1/audio/speech": {"post": _speech()},
-            "/v1/audio/stream": {"get": _stream()},
-            **_voices(),
-            "/v1/audio/verify": {"post": _v1({
-                "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",
-                "requestBody": {"required": True, "content": {
-                    "multipart/form-data": {"schema": {"$ref": "#/components/schemas/Verification"}},
-                    "application/octet-stream": {}, "audio/*": {}}},
-                "responses": _json("the verdict", "VerifyResult", 400, 401, 413, 422, 429)})},
-            "/v1/models": {"get": _v1({"operationId": "listModels", "summary": "The model served (OpenAI's form)",
-                                       "responses": _json("the models", "ModelList", 401, 429)})},
-            "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",
-                                      "responses": _json("the figures", "Stats", 401, 429)})},
-            "/ready": {"get": {"operationId": "ready", "summary": "Readiness: send me new callers",
-                               "responses": {
-                                   "200": {"description": "ready", "headers": dict(_REQUEST_ID), "content": {
-                                       "application/json": {"schema": {"$ref": "#/components/schemas/Ready"}}}},
-                                   "503": {"description": "draining, admission full, or not running",
-                                           "headers": dict(_REQUEST_ID), "content": {"application/json": {
-                                               "schema": {"$ref": "#/components/schemas/Ready"}}}}}}},
-            "/health": {"get": {"operationId": "health", "summary": "Liveness: the engine is loaded and running "
-                                "(draining included)",
-                                "responses": {
-                                    "200": {"description": "alive", "headers": dict(_REQUEST_ID), "content": {
-                                        "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}},
-                                    "503": {"description": "the engine is not running",
-                                            "headers": dict(_REQUEST_ID), "content": {"application/json": {
-                                                "schema": {"$ref": "#/components/schemas/Health"}}}}}}},
-            "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",
-                                 "responses": {"200": {"description": "the text exposition format",
-                                                       "headers": dict(_REQUEST_ID), "content": text}}}},
-            "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
-                                      "responses": {"200": {"description": "OpenAPI 3.1",
-                                                            "headers": dict(_REQUEST_ID),
-                                                            "content": {"application/json": {
-                                                                "schema": {"type": "object"}}}}}}},
-        },
+        "paths": {path: {method: {**op, "responses": _with(op["responses"], _EVERY)} for method, op in item.items()}
+                  for path, item in paths.items()},
         "components": {
             "schemas": schemas,
             "headers": {"X-Request-Id": {
