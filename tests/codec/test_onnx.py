@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import fcntl
-import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +15,7 @@ from lyre.codec.streaming import StreamingSnac
 from lyre.config import load_config
 from lyre.model import checkpoint
 from tests.support.codec import F, feed, offline, random_frames
+from tests.support.locks import someone_waits_on
 from tests.support.paths import REPO_ROOT
 from tests.support.waiting import until
 
@@ -70,10 +69,7 @@ def test_a_process_that_finds_a_graph_being_exported_waits_for_it_instead_of_exp
     with open(path.with_suffix(".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         waiter = ThreadPoolExecutor(1).submit(codec_onnx.exported, model, "stream", tmp_path)
-        inode = os.fstat(lock.fileno()).st_ino
-        until(lambda: any(line.split()[1] == "->" and line.split()[6].endswith(f":{inode}")
-                          for line in Path("/proc/locks").read_text().splitlines() if "->" in line),
-              what="the second exporter to wait on the lock")
+        until(lambda: someone_waits_on(lock), what="the second exporter to wait on the lock")
         path.write_bytes(b"the first process's graph")
     assert waiter.result(timeout=60) == path and path.read_bytes() == b"the first process's graph"
 

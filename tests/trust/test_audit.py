@@ -237,3 +237,82 @@ def test_a_start_whose_recovery_fails_tries_again_instead_of_refusing_for_ever(t
         assert not trail.refusing
     finally:
         trail.close()
+
+
+def _start(entry_id: str) -> dict:
+    return {"op": "start", "row": {"time": datetime.now(timezone.utc), "account": "a", "voice": "tara",
+                                   "protocol": "rest", "outcome": "started", "reason": "", "audio_seconds": 0.0,
+                                   "text_sha256": "t" * 64, "pcm_sha256": "p" * 64, "ended": None,
+                                   "entry_id": entry_id, "instance": "me"}}
+
+
+def test_the_spool_is_replayed_a_chunk_at_a_time_in_order_and_a_torn_line_spoils_no_later_op(tmp_path):
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.append([_start("e1")])
+    with open(spool.path, "a") as f:
+        f.write('{"op": "start", "row": {"ti')  # a crash cut this append short
+    spool.append([_start(f"e{i}") for i in (2, 3, 4)])  # the next start appends after it
+    written = []
+
+    def write(ops):
+        written.append([op["row"]["entry_id"] for op in ops])
+
+    assert spool.replay(write, most=2) == 2 and spool.waiting  # e1 and e2 (the torn line skipped)
+    assert spool.replay(write, most=2) == 2 and not spool.waiting
+    assert written == [["e1", "e2"], ["e3", "e4"]]
+
+    spool.append([_start("e5")])
+
+    def fail(ops):
+        raise sa.exc.OperationalError("INSERT", {}, Exception("database is locked"))
+
+    with pytest.raises(sa.exc.OperationalError):
+        spool.replay(fail, most=1)
+    assert spool.replay(write) == 1 and written[-1] == ["e5"]  # a failed replay kept it
+
+
+def test_while_the_spool_goes_in_new_rows_join_it_and_their_first_audio_does_not_wait(tmp_path):
+    """After an outage, the spool's replay can be long: a new synthesis's row is appended behind it
+    (fsynced, so as safe) and its first audio goes on, while the spool is written a chunk at a time."""
+    import threading
+
+    engine = open_database(f"sqlite:///{tmp_path / 'lyre.db'}")
+    trail = AuditTrail(engine, AuditConfig(), spool=tmp_path / "spool.jsonl", instance="me")
+    try:
+        assert trail.flush()  # its start's recovery is done
+        trail.spool.append([_start("e1"), _start("e2")])  # what an outage left
+        release, real = threading.Event(), trail._write
+
+        def slow(ops, once=False):
+            assert release.wait(60)
+            real(ops, once)
+
+        trail._write = slow  # the database is slow to take the spool
+        taken = threading.Event()
+        trail.record(_start("e3"), taken.set)
+        assert taken.wait(30) and not release.is_set()  # taken while the spool was still being written
+        release.set()
+        until(lambda: not trail.spool.waiting, what="the spool to be written")
+        assert trail.flush()
+    finally:
+        trail.close()
+    with engine.connect() as c:
+        assert [r.entry_id for r in c.execute(sa.select(audit).order_by(audit.c.id))] == ["e1", "e2", "e3"]
+
+
+def test_two_servers_on_one_data_dir_take_turns_with_the_spool(tmp_path):
+    """An append waits while another process holds the spool (its replay, say), then lands whole."""
+    import fcntl
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support.locks import someone_waits_on
+
+    spool = Spool(tmp_path / "spool.jsonl")
+    spool.append([_start("e1")])
+    with open(tmp_path / "spool.jsonl.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as the other server's replay would
+        appending = ThreadPoolExecutor(1).submit(spool.append, [_start("e2")])
+        until(lambda: someone_waits_on(lock), what="the append to wait for the lock")
+        assert not appending.done()
+    appending.result(timeout=60)
+    assert [json.loads(line)["row"]["entry_id"] for line in spool.path.read_text().splitlines()] == ["e1", "e2"]

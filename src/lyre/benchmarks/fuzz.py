@@ -2,8 +2,9 @@
 gRPC messages (and raw bytes). Every answer must be a success or a clear client error: never a
 5xx, an INTERNAL/UNKNOWN status, a hang, or a socket closed without an error frame.
 
-A fixed corpus (the inputs hostile runs found answered wrongly) goes first, then examples drawn by
-hypothesis (``derandomize`` for a repeatable run), in order.
+A fixed corpus (the inputs hostile runs found answered wrongly) goes first, each with the answer
+it must get (its status, or its error code on a WebSocket), then examples drawn by hypothesis
+(``derandomize`` for a repeatable run), in order.
 """
 
 from __future__ import annotations
@@ -78,26 +79,38 @@ BAD_SAMPLING = ({"top_p": 1e-45}, {"top_p": 1e-300}, {"top_p": 0}, {"temperature
                 {"min_tokens": 20, "max_tokens": 10}, {"max_tokens": 100000})
 SPEECH = "/v1/audio/speech"
 _PART = b'--X\r\nContent-Disposition: form-data; name="audio"; filename="a.wav"\r\n\r\nRIFF\r\n--X--\r\n'
-REST_CORPUS: list[tuple[str, Any, Any]] = [
-    *[(SPEECH, {"input": text, "voice": "tara"}, {}) for text in CONTROL_TEXTS],
-    *[(SPEECH, {"input": "Hello there.", **bad}, {}) for bad in BAD_SAMPLING],
-    (SPEECH, {"input": None}, {}),
-    *[(SPEECH, {"input": "Hello there."}, {"Content-Encoding": enc}) for enc in ("gzip", "deflate", "br", "x-unknown")],
-    (SPEECH, {"input": "Hello there."}, [("Authorization", "Bearer a"), ("Authorization", "Bearer b")]),
-    *[(path, body, {"Content-Type": "multipart/form-data; boundary=X"}) for path in ("/v1/audio/verify", "/v1/voices")
+_SAMPLING_REFUSED = {400, 422}
+_INVALID = {grpc.StatusCode.INVALID_ARGUMENT}
+# (path, body, headers, the statuses it must get)
+REST_CORPUS: list[tuple[str, Any, Any, set[int]]] = [
+    *[(SPEECH, {"input": text, "voice": "tara"}, {}, {400}) for text in CONTROL_TEXTS],
+    *[(SPEECH, {"input": "Hello there.", **bad}, {}, _SAMPLING_REFUSED) for bad in BAD_SAMPLING],
+    (SPEECH, {"input": None}, {}, {400}),
+    *[(SPEECH, {"input": "Hello there."}, {"Content-Encoding": enc}, {415}) for enc in ("gzip", "deflate", "br",
+                                                                                         "x-unknown")],
+    (SPEECH, {"input": "Hello there."}, [("Authorization", "Bearer a"), ("Authorization", "Bearer b")], {400}),
+    *[(path, body, {"Content-Type": "multipart/form-data; boundary=X"}, {400})
+      for path in ("/v1/audio/verify", "/v1/voices")
       for body in (_PART.replace(b"Content-Disposition", b"Content-Disposition\x00"),
                    _PART.replace(b"\r\n\r\n", b"\r\n"), b"--X\r\n" + b"A: b\r\n" * 200, b"--X--garbage", _PART[:30])],
 ]
-WS_CORPUS: list[list[Any]] = [
-    *[[{"context_id": "c", "append": text, "voice": "tara"}, {"context_id": "c", "end": True}] for text in CONTROL_TEXTS],
-    [{"context_id": "c", "append": "Hi <|eot"}, {"context_id": "c", "append": "_id|> you."}, {"context_id": "c", "end": True}],
-    *[[{"text": "Hello there.", **bad}] for bad in BAD_SAMPLING],
+# (messages, the error codes one of which the sequence must be answered with)
+WS_CORPUS: list[tuple[list[Any], set[str]]] = [
+    *[([{"context_id": "c", "append": text, "voice": "tara"}, {"context_id": "c", "end": True}], {"control_token"})
+      for text in CONTROL_TEXTS],
+    ([{"context_id": "c", "append": "Hi <|eot"}, {"context_id": "c", "append": "_id|> you."},
+      {"context_id": "c", "end": True}], {"control_token"}),
+    *[([{"text": "Hello there.", **bad}], {"invalid_request", "out_of_range"}) for bad in BAD_SAMPLING],
 ]
-GRPC_CORPUS: list[tuple[str, Any]] = [
-    *[("message", tts_pb2.SynthesizeRequest(text=text)) for text in CONTROL_TEXTS],
-    *[("message", tts_pb2.SynthesizeRequest(text="Hello there.", sampling=tts_pb2.SamplingOptions(**bad)))
+# (kind, request, the status codes it must end with): kind "message", or "two-keys" (sent with two
+# authorization metadata entries)
+GRPC_CORPUS: list[tuple[str, Any, set[grpc.StatusCode]]] = [
+    *[("message", tts_pb2.SynthesizeRequest(text=text), _INVALID) for text in CONTROL_TEXTS],
+    *[("message", tts_pb2.SynthesizeRequest(text="Hello there.", sampling=tts_pb2.SamplingOptions(**bad)), _INVALID)
       for bad in BAD_SAMPLING if "min_tokens" not in bad],
+    ("two-keys", tts_pb2.SynthesizeRequest(text="Hello there."), {grpc.StatusCode.UNAUTHENTICATED}),
 ]
+TWO_KEYS = (("authorization", "Bearer a"), ("authorization", "Bearer b"))
 
 
 def _riva(text: str, **fields: Any) -> Any:
@@ -112,16 +125,18 @@ def _text(text: str) -> Any:
     return tts_pb2.StreamingSynthesizeRequest(text=text)
 
 
-# (method, messages): streaming calls whose later messages must be checked like the first
-STREAM_CORPUS: list[tuple[str, list[Any]]] = [
-    *[("StreamingSynthesize", [_config(), _text("Fine so far. "), _text(text)]) for text in CONTROL_TEXTS],
-    ("StreamingSynthesize", [_config(), _text("Hi <|eot"), _text("_id|> you.")]),
-    ("StreamingSynthesize", [_config(), _config()]),
-    *[("SynthesizeOnline", [_riva("First."), _riva(text)]) for text in CONTROL_TEXTS],
-    ("SynthesizeOnline", [_riva("First.", voice_name="tara"), _riva("Next.", voice_name="leo")]),
-    ("SynthesizeOnline", [_riva("First."), _riva("Next.", encoding=7)]),
-    ("SynthesizeOnline", [_riva("First."), _riva("Next.", voice_name="v_0123456789abcdef")]),
-    ("SynthesizeOnline", [_riva("First."), _riva("Next.", custom_configuration={"top_p": "1e-45"})]),
+# (method, messages, the status codes it must end with): streaming calls whose later messages must
+# be checked like the first
+STREAM_CORPUS: list[tuple[str, list[Any], set[grpc.StatusCode]]] = [
+    *[("StreamingSynthesize", [_config(), _text("Fine so far. "), _text(text)], _INVALID) for text in CONTROL_TEXTS],
+    ("StreamingSynthesize", [_config(), _text("Hi <|eot"), _text("_id|> you.")], _INVALID),
+    ("StreamingSynthesize", [_config(), _config()], _INVALID),
+    *[("SynthesizeOnline", [_riva("First."), _riva(text)], _INVALID) for text in CONTROL_TEXTS],
+    ("SynthesizeOnline", [_riva("First.", voice_name="tara"), _riva("Next.", voice_name="leo")], _INVALID),
+    ("SynthesizeOnline", [_riva("First."), _riva("Next.", encoding=7)], _INVALID),
+    ("SynthesizeOnline", [_riva("First."), _riva("Next.", voice_name="v_0123456789abcdef")],
+     {grpc.StatusCode.NOT_FOUND}),  # (another account's voice is no voice at all to this one)
+    ("SynthesizeOnline", [_riva("First."), _riva("Next.", custom_configuration={"top_p": "1e-45"})], _INVALID),
 ]
 
 
@@ -139,16 +154,19 @@ def draw(strategy: st.SearchStrategy, n: int, derandomize: bool) -> list[Any]:
     return out[:n]
 
 
-async def rest(http: str, examples: list[tuple[str, Any, Any]]) -> list[str]:
-    """(path, body, headers) posted. Violations: 5xx, a non-JSON error, a 200 without audio, a hang."""
+async def rest(http: str, examples: list[tuple[str, Any, Any, set[int] | None]]) -> list[str]:
+    """(path, body, headers, expected statuses or None) posted. Violations: 5xx, a status other than
+    the one expected, a non-JSON error, a 200 without audio, a hang."""
     bad = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as s:
-        for path, body, headers in examples:
+        for path, body, headers, expect in examples:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
             try:
                 async with s.post(http + path, data=data, headers=headers) as r:
                     payload = await r.read()
-                    if r.status >= 500:
+                    if expect is not None and r.status not in expect:
+                        bad.append(f"REST {r.status} (expected {sorted(expect)}) for {body!r:.80}: {payload[:200]!r}")
+                    elif r.status >= 500:
                         bad.append(f"REST {r.status} for {body!r:.80}: {payload[:200]!r}")
                     elif r.status == 200 and not payload and path == SPEECH:
                         bad.append(f"REST 200 without audio for {body!r:.80}")
@@ -159,17 +177,20 @@ async def rest(http: str, examples: list[tuple[str, Any, Any]]) -> list[str]:
     return bad
 
 
-async def ws(http: str, sequences: list[list[Any]]) -> list[str]:
-    """Each sequence on its own socket, then a probe: the socket must still answer it."""
+async def ws(http: str, sequences: list[tuple[list[Any], set[str] | None]]) -> list[str]:
+    """Each sequence (and the error codes one of which must answer it, or None) on its own socket,
+    then a probe: the socket must still answer it."""
     bad = []
     url = http.replace("http://", "ws://") + "/v1/audio/stream"
-    for seq in sequences:
+    for seq, expect in sequences:
         try:
             async with websockets.connect(url, max_size=None) as sock:
                 for message in seq:
                     await sock.send(message if isinstance(message, (str, bytes)) else json.dumps(message))
                 await sock.send(json.dumps({"context_id": "probe", "text": "Still there?", "max_tokens": 14}))
-                await asyncio.wait_for(_until_probe(sock, seq, bad), TIMEOUT_S)
+                codes = await asyncio.wait_for(_until_probe(sock, seq, bad), TIMEOUT_S)
+                if expect is not None and not codes & expect:
+                    bad.append(f"WebSocket answered {sorted(codes)} (expected one of {sorted(expect)}) to {seq!r:.80}")
         except websockets.ConnectionClosed as e:
             bad.append(f"WebSocket closed ({e}) after {seq!r:.80}")
         except asyncio.TimeoutError:
@@ -177,60 +198,82 @@ async def ws(http: str, sequences: list[list[Any]]) -> list[str]:
     return bad
 
 
-async def _until_probe(sock, seq: list[Any], bad: list[str]) -> None:
-    """Read replies until the probe's answer; note error frames that are not clear client errors."""
+async def _until_probe(sock, seq: list[Any], bad: list[str]) -> set[str]:
+    """Read replies until the probe's answer; note error frames that are not clear client errors.
+    The error codes of the replies before it."""
+    codes = set()
     while True:
         raw = await sock.recv()
         reply = json.loads(raw) if isinstance(raw, str) else {}
         if reply.get("context_id") == "probe" and ("done" in reply or "error" in reply):
-            return
-        if "error" in reply and not reply["error"].get("message"):
-            bad.append(f"WebSocket error without a message after {seq!r:.80}")
-        if reply.get("error", {}).get("type") == "server_error":
-            bad.append(f"WebSocket internal error after {seq!r:.80}: {reply['error']['message']}")
+            return codes
+        if "error" in reply:
+            codes.add(reply["error"].get("code"))
+            if not reply["error"].get("message"):
+                bad.append(f"WebSocket error without a message after {seq!r:.80}")
+            if reply["error"].get("type") == "server_error":
+                bad.append(f"WebSocket internal error after {seq!r:.80}: {reply['error']['message']}")
 
 
 CLIENT_ERRORS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                  grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
-async def grpc_streams(target: str, cases: list[tuple[str, list[Any]]]) -> list[str]:
-    """Streaming calls: each must end OK or with a client error that says why (never a bare
-    CANCELLED, never INTERNAL/UNKNOWN), whichever message was the bad one."""
+def _grpc_refusal(what: str, e: grpc.aio.AioRpcError, expect: set[grpc.StatusCode] | None) -> str | None:
+    """Why a call's end is wrong: a status other than the one expected, or one that is no clear
+    client error (never a bare CANCELLED, never INTERNAL/UNKNOWN), or no message; None if right."""
+    if expect is not None and e.code() not in expect:
+        return f"gRPC {e.code().name} (expected {sorted(c.name for c in expect)}) for {what:.120}: {e.details()}"
+    if e.code() not in CLIENT_ERRORS | (expect or set()) or not e.details():
+        return f"gRPC {e.code().name} for {what:.120}: {e.details()}"
+    return None
+
+
+async def grpc_streams(target: str, cases: list[tuple[str, list[Any], set[grpc.StatusCode]]]) -> list[str]:
+    """Streaming calls: each must end with its expected status, whichever message was the bad one."""
     bad = []
     async with grpc.aio.insecure_channel(target) as channel:
         calls = {"StreamingSynthesize": tts_pb2_grpc.TextToSpeechStub(channel).StreamingSynthesize,
                  "SynthesizeOnline": riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel).SynthesizeOnline}
-        for method, messages in cases:
+        for method, messages, expect in cases:
             try:
                 async for _ in calls[method](iter(messages), timeout=TIMEOUT_S):
                     pass
+                if grpc.StatusCode.OK not in expect:
+                    bad.append(f"gRPC {method} OK (expected {sorted(c.name for c in expect)}) for {messages!r:.120}")
             except grpc.aio.AioRpcError as e:
-                if e.code() not in CLIENT_ERRORS or not e.details():
-                    bad.append(f"gRPC {method} {e.code().name} for {messages!r:.120}: {e.details()}")
+                if (why := _grpc_refusal(f"{method} {messages!r}", e, expect)) is not None:
+                    bad.append(why)
     return bad
 
 
-async def grpc_calls(target: str, examples: list[tuple[str, Any]]) -> list[str]:
+async def grpc_calls(target: str, examples: list[tuple[str, Any, set[grpc.StatusCode] | None]]) -> list[str]:
+    """(kind, request, expected statuses or None): "message", "raw" bytes, or "two-keys" (a message
+    sent with two authorization entries)."""
     bad = []
     async with grpc.aio.insecure_channel(target) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
         raw = channel.unary_unary("/lyre.v1.TextToSpeech/Synthesize")
-        for kind, request in examples:
+        for kind, request, expect in examples:
             try:
-                await (raw(request, timeout=TIMEOUT_S) if kind == "raw" else stub.Synthesize(request, timeout=TIMEOUT_S))
+                if kind == "raw":
+                    await raw(request, timeout=TIMEOUT_S)
+                else:
+                    await stub.Synthesize(request, timeout=TIMEOUT_S, metadata=TWO_KEYS if kind == "two-keys" else None)
+                if expect is not None and grpc.StatusCode.OK not in expect:
+                    bad.append(f"gRPC OK (expected {sorted(c.name for c in expect)}) for {request!r:.80}")
             except grpc.aio.AioRpcError as e:
-                if e.code() not in CLIENT_ERRORS or not e.details():
-                    bad.append(f"gRPC {e.code().name} for {request!r:.80}: {e.details()}")
+                if (why := _grpc_refusal(repr(request), e, expect)) is not None:
+                    bad.append(why)
     return bad
 
 
 def run(http: str, grpc_target: str, examples: int, derandomize: bool = True) -> dict[str, Any]:
     """Fuzz every surface with ``examples`` examples each (WebSocket: examples / 4 sequences)."""
-    rest_examples = REST_CORPUS + [(SPEECH, body, headers) for body, headers in zip(
+    rest_examples = REST_CORPUS + [(SPEECH, body, headers, None) for body, headers in zip(
         draw(REST_BODY, examples, derandomize), draw(REST_HEADERS, examples, derandomize), strict=False)]
-    sequences = WS_CORPUS + draw(WS_SEQUENCE, max(1, examples // 4), derandomize)
-    grpc_examples = GRPC_CORPUS + draw(GRPC_REQUEST, examples, derandomize)
+    sequences = WS_CORPUS + [(seq, None) for seq in draw(WS_SEQUENCE, max(1, examples // 4), derandomize)]
+    grpc_examples = GRPC_CORPUS + [(kind, request, None) for kind, request in draw(GRPC_REQUEST, examples, derandomize)]
 
     async def go():
         return (await rest(http, rest_examples), await ws(http, sequences), await grpc_calls(grpc_target, grpc_examples),

@@ -192,7 +192,15 @@ class AuditTrail:
         ops = [op for op, _ in batch]
         try:
             if self.spool is not None and self.spool.waiting:
-                self.spool.replay(lambda spooled: self._write(spooled, once=True))  # (in order: older first)
+                # Older ops wait in the spool: new ones join them there (in order, and as safe as in
+                # the database, so their first audio need not wait), and the spool goes in a chunk
+                # at a time, new ops arriving between chunks.
+                if ops and self._spool(ops):
+                    ops = []
+                    for _, taken in batch:
+                        _taken(taken)
+                    batch = []
+                self.spool.replay(lambda spooled: self._write(spooled, once=True), most=BATCH)
             if ops:
                 self._write(ops)
             if self.error is not None:
@@ -223,9 +231,20 @@ class AuditTrail:
             _taken(taken)
         return []
 
+    def _spool(self, ops: list[dict[str, Any]]) -> bool:
+        """Append ``ops`` to the spool; False (logged) when it cannot be written."""
+        try:
+            self.spool.append(ops)
+        except OSError as e:
+            log.error("audit: the spool cannot be written (%s)", e)
+            return False
+        self.spooled += len(ops)
+        return True
+
     def _retry_spool(self) -> bool:
-        """Whether to try the spool's replay now: writes failed, it holds ops, and RETRY_S has passed."""
-        return (self.error is not None and self.spool is not None and self.clock() >= self._next_retry
+        """Whether to replay (the next chunk of) the spool now: it holds ops, and writes work or
+        RETRY_S has passed since they failed."""
+        return (self.spool is not None and (self.error is None or self.clock() >= self._next_retry)
                 and self.spool.waiting)
 
     def _write(self, ops: list[dict[str, Any]], once: bool = False) -> None:

@@ -6,12 +6,17 @@ An *op* is a dict: ``{"op": "start", "row": {...}}`` (a synthesis began: its row
 audio seconds, hashes, when), or ``{"op": "row", "row": {...}}`` (a whole row at once). Ops are
 applied in order, in one transaction per batch. The spool is JSON lines, appended and fsynced;
 replaying it applies each op at most once (a start whose entry id is in the table already is
-skipped; an end sets what it sets), then empties the file.
+skipped; an end sets what it sets), a chunk at a time, and takes what it applied off the front of
+the file. Processes that share the file (two servers on one data_dir) take turns: each append and
+each chunk's replay holds an exclusive lock on a file beside it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import logging
 import os
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
@@ -22,6 +27,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from lyre.storage.db import audit
+
+log = logging.getLogger("lyre.audit")
 
 ENDING = ("outcome", "reason", "audio_seconds", "text_sha256", "pcm_sha256", "ended")
 _END = audit.update().where(audit.c.entry_id == sa.bindparam("b_entry_id")).values(
@@ -38,8 +45,10 @@ def apply(engine: Engine, ops: list[dict[str, Any]], once: bool = False) -> None
                 if once and c.execute(sa.select(audit.c.id).where(audit.c.entry_id == row["entry_id"])).first():
                     continue
                 c.execute(audit.insert(), [row])
-            else:
-                c.execute(_END, [{"b_entry_id": op["entry_id"], **{f"b_{k}": v for k, v in op["values"].items()}}])
+            elif c.execute(_END, {"b_entry_id": op["entry_id"], **{f"b_{k}": v for k, v in op["values"].items()}}
+                           ).rowcount == 0:  # (its start was lost: never written, spooled nor kept)
+                log.error("audit: the end of synthesis %s (%s) has no row to complete", op["entry_id"],
+                          op["values"].get("outcome"))
 
 
 def close_open_rows(c: Connection, instance: str | None, older_than_s: float | None = None,
@@ -71,12 +80,20 @@ class Spool:
         except OSError:
             return False
 
+    @contextlib.contextmanager
+    def _locked(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes, or its process dies)
+            yield
+
     def append(self, ops: list[dict[str, Any]]) -> None:
         """Raises OSError when the file cannot be written (the ops then stay in memory)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = "".join(json.dumps(op, default=_encode, separators=(",", ":")) + "\n" for op in ops).encode()
-        with open(self.path, "ab") as f:
+        with self._locked(), open(self.path, "a+b") as f:
             size = f.seek(0, os.SEEK_END)
+            if size and os.pread(f.fileno(), 1, size - 1) != b"\n":
+                data = b"\n" + data  # a line a crash cut short stays alone on its line (and is skipped)
             try:
                 f.write(data)
                 f.flush()
@@ -85,20 +102,36 @@ class Spool:
                 f.truncate(size)  # no half-written line: the ops stay in memory, and only there
                 raise
 
-    def replay(self, write: Callable[[list[dict[str, Any]]], None]) -> int:
-        """``write`` what the file holds (:func:`apply` with ``once``), then empty it; returns how many
-        ops. Raises what ``write`` raises (the file is kept)."""
-        lines = self.path.read_text().splitlines()
-        ops = []
-        for line in lines:
+    def replay(self, write: Callable[[list[dict[str, Any]]], None], most: int | None = None) -> int:
+        """``write`` the oldest ``most`` ops the file holds (all when None; :func:`apply` with
+        ``once``), then take them off the file; returns how many. Raises what ``write`` raises (the
+        file is kept as it was)."""
+        with self._locked():
             try:
-                ops.append(json.loads(line, object_hook=_decode))
-            except ValueError:
-                continue  # a line cut short by a crash mid-write: its op was not acknowledged either
-        write(ops)
-        with open(self.path, "r+b") as f:
-            f.truncate(0)
-            os.fsync(f.fileno())
+                lines = self.path.read_text().splitlines(keepends=True)
+            except FileNotFoundError:
+                return 0
+            ops, used = [], 0
+            for line in lines:
+                if most is not None and len(ops) >= most:
+                    break
+                used += 1
+                try:
+                    ops.append(json.loads(line, object_hook=_decode))
+                except ValueError:
+                    continue  # a line cut short by a crash mid-write: its op was not acknowledged either
+            write(ops)
+            if used < len(lines):  # the rest stays, in order: written to a new file that replaces it whole
+                rest = self.path.with_name(self.path.name + ".rest")
+                with open(rest, "w") as f:
+                    f.writelines(lines[used:])
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(rest, self.path)
+            else:
+                with open(self.path, "r+b") as f:
+                    f.truncate(0)
+                    os.fsync(f.fileno())
         return len(ops)
 
 
