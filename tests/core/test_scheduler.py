@@ -302,6 +302,28 @@ def test_a_session_far_ahead_of_its_listener_yields_to_sessions_that_need_audio(
     assert all(sorted(chosen) == ["ahead#0", "new#0"] for chosen in engine.chosen_log)
 
 
+def playing(name: str, slack_s: float, tokens: int = 500) -> Session:
+    """A session past its first audio whose listener holds ``slack_s`` of unplayed audio."""
+    s = Session(name, [Segment([1])], SamplingParams(), lambda ev: None, 0.0, tokens=tokens, first_audio_at=0.0)
+    s.audio_samples, s.played_s = int((10.0 + slack_s) * 24000), 10.0
+    return s
+
+
+@pytest.mark.parametrize("policy", [FairPolicy, DeadlinePolicy])
+def test_while_a_session_waits_for_its_first_audio_only_those_about_to_run_dry_run_beside_it(policy):
+    cfg = load_config(None, {"scheduler.max_buffer_s": 2.0, "scheduler.first_audio_slack_s": 0.5}).scheduler
+    dry, comfortable = playing("dry", 0.2), playing("comfortable", 1.5)
+    new = playing("new", 0.0, tokens=3)
+    new.first_audio_at = None  # no audio yet
+    assert {s.session_id for s in policy(cfg).decode_order([dry, comfortable, new], 0, 0.0)} == {"new", "dry"}
+    new.tokens = cfg.ttfb_priority_tokens  # past its first audio: everyone who needs audio runs again
+    assert {s.session_id for s in policy(cfg).decode_order([dry, comfortable, new], 0, 0.0)} == {
+        "new", "dry", "comfortable"}
+    off = load_config(None, {"scheduler.max_buffer_s": 2.0, "scheduler.first_audio_slack_s": 0}).scheduler
+    new.tokens = 3
+    assert len(policy(off).decode_order([dry, comfortable, new], 0, 0.0)) == 3
+
+
 def test_cancel_pending_and_active_sessions():
     sch, engine, clock, gate = make(capacity=1, batch=1)
     a, a_ev = open_session(sch, gate, clock, "a")

@@ -137,6 +137,7 @@ class SchedulerConfig(Section):
     max_prefill_tokens: int = Field(512, ge=16)
     reserved_slots: int = Field(2, ge=0)
     max_buffer_s: float = Field(2.0, gt=0.0, le=600.0)
+    first_audio_slack_s: float = Field(0.5, ge=0.0, le=600.0)
     session_timeout_s: float = Field(120.0, gt=0.0, le=86400.0)
     consumer_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
 

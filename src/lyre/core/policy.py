@@ -4,9 +4,10 @@ Both policies put new sessions (fewer than ``ttfb_priority_tokens`` tokens) firs
 the rest. Over either order lies backpressure from the listener's clock (:meth:`Policy.decode_order`):
 a session whose client leaves ``max_buffer_s`` of audio unread is throttled (its tokens are not
 needed yet), and a session more than ``max_buffer_s`` ahead of its listener yields its seat while
-any other session still needs audio. The seats of a step go to accounts in turn
-(:func:`lyre.core.fair.by_account`): an account with many streams gets more of the batch only when
-nobody else needs it.
+any other session still needs audio; while a new session waits for its first audio, only sessions
+within ``first_audio_slack_s`` of running dry run beside it (a shorter step: on a CPU a step's cost
+grows with its rows). The seats of a step go to accounts in turn (:func:`lyre.core.fair.by_account`):
+an account with many streams gets more of the batch only when nobody else needs it.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ class Policy:
         ``max_batch_size`` that are ready)."""
         ordered = self.order([s for s in sessions if not s.throttled], step, now)
         needy = [s for s in ordered if s.slack(now) <= self.cfg.max_buffer_s]
+        if self.cfg.first_audio_slack_s > 0 and any(self.is_new(s) for s in needy):
+            # someone waits for a first audio: a short step, with only those about to run dry beside it
+            needy = [s for s in needy if self.is_new(s) or s.slack(now) <= self.cfg.first_audio_slack_s]
         return by_account(needy or ordered, lambda s: s.account)  # far-ahead ones run only when nobody needs audio
 
 
