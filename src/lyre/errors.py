@@ -25,6 +25,12 @@ class OutOfRange(InvalidRequest):
     code = "out_of_range"
 
 
+class UnsupportedMediaType(InvalidRequest):
+    """A body whose Content-Type is not the one the route reads (415)."""
+
+    code = "unsupported_media_type"
+
+
 class UnknownVoice(InvalidRequest):
     code = "unknown_voice"
 

@@ -31,6 +31,7 @@ from lyre.errors import (
     TooManyConnections,
     TooManyVoices,
     UnknownVoice,
+    UnsupportedMediaType,
     UploadTooLarge,
     VoiceExists,
 )
@@ -54,6 +55,8 @@ def classify(error: BaseException) -> ErrorInfo:
         return ErrorInfo(404, "NOT_FOUND", "not_found_error")
     if isinstance(error, (TextTooLong, OutOfRange, AudioFormatError, InvalidAudio, ConsentRequired)):
         return ErrorInfo(422, "INVALID_ARGUMENT", "invalid_request_error")
+    if isinstance(error, UnsupportedMediaType):
+        return ErrorInfo(415, "INVALID_ARGUMENT", "invalid_request_error")
     if isinstance(error, UploadTooLarge):
         return ErrorInfo(413, "INVALID_ARGUMENT", "invalid_request_error")
     if isinstance(error, (VoiceExists, TooManyVoices)):

@@ -154,6 +154,13 @@ def draw(strategy: st.SearchStrategy, n: int, derandomize: bool) -> list[Any]:
     return out[:n]
 
 
+def _with_json_type(headers: Any) -> Any:
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers)
+    if any(name.lower() == "content-type" for name, _ in pairs):
+        return headers
+    return [*pairs, ("Content-Type", "application/json")]
+
+
 async def rest(http: str, examples: list[tuple[str, Any, Any, set[int] | None]]) -> list[str]:
     """(path, body, headers, expected statuses or None) posted. Violations: 5xx, a status other than
     the one expected, a non-JSON error, a 200 without audio, a hang."""
@@ -161,6 +168,8 @@ async def rest(http: str, examples: list[tuple[str, Any, Any, set[int] | None]])
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT_S)) as s:
         for path, body, headers, expect in examples:
             data = body if isinstance(body, bytes) else json.dumps(body).encode()
+            if not isinstance(body, bytes):  # JSON says so (unless the example's own headers say otherwise)
+                headers = _with_json_type(headers)
             try:
                 async with s.post(http + path, data=data, headers=headers) as r:
                     payload = await r.read()

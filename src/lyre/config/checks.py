@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+from urllib.parse import urlsplit
 
-from lyre.config.schema import LyreConfig
+from lyre.config.schema import API_KEYS_ENV, LyreConfig
 from lyre.config.validation import ConfigError
 from lyre.model.orpheus import (
     FRAME_TOKENS,
@@ -32,6 +34,24 @@ def _server(cfg: LyreConfig) -> None:
     for key, account in cfg.server.api_keys.items():
         if not key.strip() or not account.strip():
             raise ConfigError("config key 'server.api_keys' holds an empty key or account name")
+    for i, origin in enumerate(cfg.server.cors_origins):
+        if (why := origin_error(origin)) is not None:
+            raise ConfigError(f"config key 'server.cors_origins[{i}]' = {origin!r} is not allowed: {why}")
+    keyed = cfg.server.api_key or cfg.server.api_keys or cfg.server.api_keys_file or os.environ.get(API_KEYS_ENV)
+    if "*" in cfg.server.cors_origins and keyed:
+        raise ConfigError("config key 'server.cors_origins' = ['*'] is not allowed with API keys: any page could use "
+                          "a key a user typed into it; list the origins of your pages")
+
+
+def origin_error(origin: str) -> str | None:
+    """Why ``origin`` cannot be a ``server.cors_origins`` entry, or None."""
+    if origin == "*":
+        return None
+    parts = urlsplit(origin)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.path not in ("", "/") or parts.query \
+            or parts.fragment or "@" in parts.netloc:
+        return "must be * or an origin: scheme://host[:port], e.g. https://app.example.com"
+    return None
 
 
 def _scheduler(cfg: LyreConfig) -> None:

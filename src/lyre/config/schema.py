@@ -155,6 +155,9 @@ def _default_profiles() -> dict[str, TuningProfile]:
     }
 
 
+API_KEYS_ENV = "LYRE_API_KEYS"  # more API keys, "<key> <account>" per line (lyre.trust.accounts)
+
+
 class ServerConfig(Section):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=0, le=65535)
@@ -177,6 +180,9 @@ class ServerConfig(Section):
     # with keys, these accounts see every account's figures (/metrics, the engine's in /v1/stats);
     # the others see the server's load and their own sessions
     operator_accounts: Names = ()
+    # origins of the web pages that may call this server from a browser (CORS), e.g.
+    # [https://app.example.com]; the server's own pages always may; "*": any page (keyless server only)
+    cors_origins: Names = ()
     # limits a public server needs (each refused with a clear error)
     max_pending_text_chars: int = Field(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
     # one request's whole text (REST input, gRPC/Riva Synthesize): past the profile's max_text_chars

@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 
 from lyre.config import ConfigError, ServerConfig
+from lyre.config.schema import API_KEYS_ENV
 
 DEFAULT_ACCOUNT = "default"
-API_KEYS_ENV = "LYRE_API_KEYS"
 HASHED = re.compile(r"sha256:([0-9a-fA-F]{64})")
 _ACCOUNT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 

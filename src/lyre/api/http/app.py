@@ -27,6 +27,7 @@ from aiohttp import web
 from lyre.api.access import CURRENT, AccessLog, Entry, new_request_id, request_id
 from lyre.api.common import InFlight
 from lyre.api.http import verify, voices
+from lyre.api.http.cors import Cors, cors_headers
 from lyre.api.http.openapi import document
 from lyre.api.http.shared import (
     ACCESS,
@@ -142,8 +143,9 @@ async def clients_middleware(request: web.Request, handler):
 def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     cfg = service.config.server
     access = AccessLog(cfg.access_log)
+    cors = Cors(cfg.cors_origins)
     app = web.Application(client_max_size=cfg.max_body_bytes,
-                          middlewares=[access_middleware(access, service.accounts), errors_middleware,
+                          middlewares=[access_middleware(access, service.accounts), cors.middleware, errors_middleware,
                                        auth_middleware(service.accounts), clients_middleware])
     app[ACCESS_LOG] = access
     app[SERVICE] = service
@@ -155,6 +157,7 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     verify.routes(app)
     app.router.add_get("/v1/models", models)
     app.on_response_prepare.append(request_id_header)
+    app.on_response_prepare.append(cors_headers)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)

@@ -159,10 +159,12 @@ _ERRORS = {
     400: "malformed JSON or multipart, wrong types, unknown fields, not a WebSocket handshake, or more than one "
          "Authorization header",
     401: "missing or wrong API key (only when API keys are configured: server.api_keys, server.api_key)",
+    403: "a browser request from a page whose origin is not allowed (server.cors_origins)",
     404: "unknown voice (another account's cloned voices are unknown too)",
     409: "the account already has a voice of that name, or holds voices.max_per_account voices",
     413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
-    415: "a Content-Encoding other than identity (send the body unencoded)",
+    415: "a Content-Encoding other than identity (send the body unencoded), or a JSON route's body sent with "
+         "another Content-Type",
     422: "a value out of range or unsupported (format, sample rate, speed, text too long; enrollment: audio that "
          "is not a usable 3-30 s clip, a transcript it cannot hold, consent missing or not granted)",
     429: "overloaded, or too many open requests from this client (see Retry-After)",
@@ -221,7 +223,7 @@ def _voices() -> dict[str, Any]:
     }
 
 
-_EVERY = (400, 415)  # every route: two Authorization headers, an encoded body (checked before routing)
+_EVERY = (400, 403, 415)  # every route: two Authorization headers, a page not allowed, an encoded body
 _V1 = (401, 429)  # every /v1/ route: the API key, the per-client limit
 
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from lyre.api.access import AccessLog, Entry
 from lyre.api.common import InFlight, classify, error_body, json_object, retry_after
-from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
+from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable, UnsupportedMediaType, shorten
 from lyre.service.tts import TTSService
 
 SERVICE = web.AppKey("service", TTSService)
@@ -40,6 +40,12 @@ def lyre_error_response(e: Exception) -> web.Response:
 
 
 async def json_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON object. Its Content-Type must say JSON: a web page can send any other
+    type cross-origin without asking first (a CORS "simple" request), never this one."""
+    ctype = request.content_type
+    if ctype != "application/json" and not ctype.endswith("+json"):
+        raise UnsupportedMediaType(f"send the body as JSON with 'Content-Type: application/json' (got "
+                                   f"{shorten(request.headers.get('Content-Type', 'none'))})")
     limit = request.app[MAX_BODY]
     if request.content_length is not None and request.content_length > limit:
         raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)

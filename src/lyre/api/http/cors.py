@@ -1,0 +1,84 @@
+"""Cross-origin requests from browsers (``server.cors_origins``).
+
+A request that carries an ``Origin`` header (a browser's, for a cross-origin fetch, a POST, or any
+WebSocket) is served only when that origin is the server's own (the page it serves) or on the
+allow-list; any other is refused with 403 before any work is done, "simple" requests (a
+``text/plain`` POST a page can send without a preflight) and WebSocket handshakes included. A
+request without ``Origin`` is no browser's cross-origin request: CORS does not apply to it.
+
+Preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered here, before the API
+key is asked for (a browser sends none with them), with the methods the route accepts and the
+headers a client may send; allowed responses (errors and streams included) name the origin and
+expose the headers clients read. ``*`` allows every origin, and only on a server without API keys
+(:func:`lyre.config.checks.check` refuses it otherwise): a page anywhere can then spend the
+server's capacity, which a warning says at start.
+"""
+
+from __future__ import annotations
+
+import logging
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from lyre.api.http.shared import error_response
+
+log = logging.getLogger("lyre.http")
+
+ALLOWED = web.RequestKey("cors_origin", str)  # the request's allowed (cross-)origin, to be named in its answer
+REQUEST_HEADERS = ("Authorization", "Content-Type", "X-Request-Id")  # what a page may send
+EXPOSED = ("X-Request-Id", "Retry-After", "X-Sample-Rate", "Location")  # what a page may read
+MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
+
+
+class Cors:
+    def __init__(self, origins: tuple[str, ...]):
+        self.everyone = "*" in origins
+        self.origins = frozenset(o.rstrip("/").lower() for o in origins if o != "*")
+        if self.everyone:
+            log.warning("server.cors_origins has '*': any web page can make this server synthesize (it has no API "
+                        "keys); list the pages' origins instead")
+
+    def allows(self, origin: str, request: web.Request) -> bool:
+        if self.everyone or origin.lower() in self.origins:
+            return True
+        host = urlsplit(origin).netloc.lower()  # the page the server itself serves (behind TLS at a balancer too)
+        return bool(host) and host == (request.host or "").lower()
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler):
+        origin = request.headers.get("Origin")
+        if origin is None:
+            return await handler(request)
+        if not self.allows(origin, request):
+            return error_response(403, f"origin {origin[:200]!r} is not allowed (server.cors_origins)",
+                                  "invalid_request_error", "origin_not_allowed", headers={"Vary": "Origin"})
+        request[ALLOWED] = origin
+        if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+            return self._preflight(request, origin)
+        return await handler(request)
+
+    def _preflight(self, request: web.Request, origin: str) -> web.Response:
+        """The methods the route accepts (404 for no route: there is nothing to ask about)."""
+        problem = getattr(request.match_info, "http_exception", None)
+        if isinstance(problem, web.HTTPMethodNotAllowed):
+            methods = sorted(set(problem.allowed_methods) | {"OPTIONS"})
+        elif problem is None:  # (a route that answers OPTIONS itself: none does today)
+            methods = [request.method]
+        else:
+            return error_response(404, "no such route", "not_found_error", "not_found", headers={"Vary": "Origin"})
+        return web.Response(status=204, headers={
+            "Access-Control-Allow-Origin": origin, "Vary": "Origin",
+            "Access-Control-Allow-Methods": ", ".join(methods),
+            "Access-Control-Allow-Headers": ", ".join(REQUEST_HEADERS),
+            "Access-Control-Max-Age": str(MAX_AGE_S)})
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """An allowed cross-origin request's answer (any status, a stream or a WebSocket's handshake too)
+    names its origin, so the page may read it, and the headers the page may read."""
+    origin = request.get(ALLOWED)
+    if origin is not None and "Access-Control-Allow-Origin" not in response.headers:
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Access-Control-Expose-Headers"] = ", ".join(EXPOSED)
+        response.headers.add("Vary", "Origin")
