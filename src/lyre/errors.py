@@ -39,6 +39,12 @@ class TextTooLong(InvalidRequest):
     code = "text_too_long"
 
 
+class NotPermitted(LyreError):
+    """The caller is known, but what it asks is beyond what it may do (a token's scope)."""
+
+    code = "not_permitted"
+
+
 class OverloadedError(LyreError):
     code = "overloaded"
 

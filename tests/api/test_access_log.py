@@ -25,8 +25,9 @@ KEY = "sk-alice-0123456789abcdef0123"
 WRONG = "sk-wrong-9876543210fedcba9876"
 
 
-def _traffic(srv) -> None:
-    """Requests of every protocol, with the key (or a wrong one) wherever a client can put it."""
+def _traffic(srv) -> str:
+    """Requests of every protocol, with the key (or a wrong one) wherever a client can put it, and a
+    client token minted with it wherever that can go (returned)."""
     auth = {"Authorization": f"Bearer {KEY}"}
     everywhere = {**auth, "X-Request-Id": KEY, "User-Agent": KEY, "X-Forwarded-For": KEY, "Cookie": f"k={KEY}",
                   "X-Api-Key": KEY}
@@ -51,6 +52,16 @@ def _traffic(srv) -> None:
             assert "error" in json.loads(await sock.recv())
 
     asyncio.run(ws())
+    token = requests.post(srv.http + "/v1/auth/tokens", headers=auth, json={}, timeout=60).json()["token"]
+    with_token = {"Authorization": f"Bearer {token}", "X-Request-Id": token}
+    assert requests.post(url, json={"input": "Hello.", "voice": "tara"}, headers=with_token, timeout=60).status_code == 200
+
+    async def ws_with_token():
+        async with websockets.connect(f"{ws_url(srv)}?token={token}") as sock:
+            await sock.send(json.dumps({"text": "Hi there.", "voice": "tara"}))
+            await until_done(sock, None)
+
+    asyncio.run(ws_with_token())
     with grpc.insecure_channel(srv.grpc) as channel:
         metadata = (("authorization", f"Bearer {KEY}"), ("x-request-id", KEY), ("user-agent-extra", KEY))
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
@@ -60,21 +71,25 @@ def _traffic(srv) -> None:
         with pytest.raises(grpc.RpcError):
             riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel).Synthesize(
                 riva_tts_pb2.SynthesizeSpeechRequest(text="Hi.", voice_name=KEY), metadata=metadata)
+    return token
 
 
 def test_every_protocol_leaves_a_line_and_no_line_holds_a_key(demo_dir):
     srv = start_server(f"server.api_keys={{{KEY}: alice, sk-bob-0000000000000000000: bob}}", "server.access_log=json")
     try:
-        _traffic(srv)
+        token = _traffic(srv)
     finally:
         assert srv.stop() == 0
     log = srv.log()
-    leaked = [line for line in log.splitlines() if KEY in line or WRONG in line]
+    leaked = [line for line in log.splitlines() if KEY in line or WRONG in line or token in line]
     assert not leaked, leaked  # in no line of any logger
     lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
-    by = {(ln["route"], ln["status"]): ln for ln in lines}
+    by: dict = {}
+    for ln in lines:
+        by.setdefault((ln["route"], ln["status"]), ln)  # the first of each
 
-    speech, sse = [ln for ln in lines if ln["route"] == "POST /v1/audio/speech" and ln["status"] == 200]  # in order
+    speech, sse, tokened = [ln for ln in lines if ln["route"] == "POST /v1/audio/speech" and ln["status"] == 200]
+    assert tokened["account"] == "alice" and tokened["request_id"].startswith("req_")  # the token sent as its id
     assert speech["protocol"] == "rest" and speech["account"] == "alice" and speech["client"] == "127.0.0.1"
     assert speech["request_id"] == "trace-1" and speech["bytes"] > 0 and speech["audio_s"] > 0 and speech["ms"] > 0
     assert sse["request_id"].startswith("req_") and sse["audio_s"] == speech["audio_s"]  # the key sent as its id

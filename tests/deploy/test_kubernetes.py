@@ -132,7 +132,8 @@ def test_the_deployment_runs_lyre_as_it_is_and_probes_what_it_serves():
     assert "database_url" not in " ".join(args) and "$(" not in " ".join(args)
     from lyre.storage.db import DATABASE_URL_ENV
     from lyre.trust.accounts import API_KEYS_ENV
-    assert {DATABASE_URL_ENV, API_KEYS_ENV} <= env.keys()
+    from lyre.trust.tokens import SECRET_ENV
+    assert {DATABASE_URL_ENV, API_KEYS_ENV, SECRET_ENV} <= env.keys()  # (replicas share the token secret)
     secret = env["LYRE_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
     assert secret["name"] == one("Secret", K8S / "examples")["metadata"]["name"] and secret["key"] in one("Secret", K8S / "examples")["stringData"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1  # one replica per GPU

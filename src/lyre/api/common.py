@@ -21,6 +21,7 @@ from lyre.errors import (
     InvalidAudio,
     InvalidRequest,
     LyreError,
+    NotPermitted,
     OutOfRange,
     OverloadedError,
     ServiceUnavailable,
@@ -55,6 +56,8 @@ def classify(error: BaseException) -> ErrorInfo:
         return ErrorInfo(404, "NOT_FOUND", "not_found_error")
     if isinstance(error, (TextTooLong, OutOfRange, AudioFormatError, InvalidAudio, ConsentRequired)):
         return ErrorInfo(422, "INVALID_ARGUMENT", "invalid_request_error")
+    if isinstance(error, NotPermitted):
+        return ErrorInfo(403, "PERMISSION_DENIED", "permission_error")
     if isinstance(error, UnsupportedMediaType):
         return ErrorInfo(415, "INVALID_ARGUMENT", "invalid_request_error")
     if isinstance(error, UploadTooLarge):

@@ -180,6 +180,11 @@ class ServerConfig(Section):
     # with keys, these accounts see every account's figures (/metrics, the engine's in /v1/stats);
     # the others see the server's load and their own sessions
     operator_accounts: Names = ()
+    # the secret client tokens are signed with (POST /v1/auth/tokens; lyre.trust.tokens), at least 16
+    # bytes, shared by replicas that accept each other's tokens; or read from a file, or the
+    # environment's LYRE_TOKEN_SECRET; none: each process draws its own at start
+    token_secret: str | None = None
+    token_secret_file: str | None = None
     # origins of the web pages that may call this server from a browser (CORS), e.g.
     # [https://app.example.com]; the server's own pages always may; "*": any page (keyless server only)
     cors_origins: Names = ()

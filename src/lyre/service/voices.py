@@ -34,6 +34,7 @@ from lyre.errors import (
     ConsentRequired,
     InvalidAudio,
     InvalidRequest,
+    NotPermitted,
     ServiceUnavailable,
     UnknownVoice,
     shorten,
@@ -43,6 +44,7 @@ from lyre.service.options import MAX_NAME_CHARS, Consent, parse
 from lyre.service.workers import AudioWorkers
 from lyre.storage.registry import ID_PATTERN, Voice, VoiceRegistry, check_name
 from lyre.trust.accounts import DEFAULT_ACCOUNT
+from lyre.trust.tokens import SCOPE
 
 log = logging.getLogger("lyre.voices")
 
@@ -178,17 +180,16 @@ class Voices:
 
     async def resolve(self, name: Any, account: str = DEFAULT_ACCOUNT) -> str | Voice:
         """What a request's ``voice`` means: a built-in voice's name (aliases resolved) or the
-        account's cloned voice. Raises UnknownVoice."""
+        account's cloned voice. Raises UnknownVoice; NotPermitted for a voice outside the scope of
+        the client token the request authenticated with."""
         builtin = self._builtin(name)
-        if builtin is not None:
-            return builtin
-        return await self.get(name, account)
+        return _in_scope(builtin if builtin is not None else await self.get(name, account))
 
     def resolve_now(self, name: Any, account: str = DEFAULT_ACCOUNT) -> str | Voice:
         """:meth:`resolve` without awaiting (reads the database on this thread: fine in scripts;
         front ends await :meth:`resolve`)."""
         builtin = self._builtin(name)
-        return builtin if builtin is not None else self._registry().get(name, account)
+        return _in_scope(builtin if builtin is not None else self._registry().get(name, account))
 
     def _builtin(self, name: Any) -> str | None:
         model = self.config.model
@@ -241,3 +242,12 @@ def check_consent(consent: Mapping[str, Any] | None) -> dict[str, Any]:
     if parsed.granted is not True:
         raise ConsentRequired("consent.granted must be true: a voice is cloned only with the speaker's consent")
     return parsed.model_dump()
+
+
+def _in_scope(voice: str | Voice) -> str | Voice:
+    scope = SCOPE.get()
+    if scope is not None and scope.voices is not None:
+        key = voice.id if isinstance(voice, Voice) else voice
+        if key not in scope.voices:
+            raise NotPermitted(f"this token may speak only {', '.join(scope.voices)}, not {key}")
+    return voice

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lyre.config import ConfigError, ServerConfig
 from lyre.config.schema import API_KEYS_ENV
+from lyre.trust.tokens import Grant, Tokens, configured_secret, looks_like_token
 
 DEFAULT_ACCOUNT = "default"
 HASHED = re.compile(r"sha256:([0-9a-fA-F]{64})")
@@ -79,6 +80,7 @@ class Accounts:
     def __init__(self, server: ServerConfig):
         keys = configured_keys(server)
         self._tokens = [(_key_digest(key), account) for key, account in keys.items()]
+        self.client_tokens = Tokens(configured_secret(server))  # short-lived tokens the keys mint
         # every account there is: the keys' (no key names "default" unless api_key does), else "default"
         self.names: tuple[str, ...] = tuple(sorted(set(keys.values()))) or (DEFAULT_ACCOUNT,)
 
@@ -88,16 +90,28 @@ class Accounts:
         return bool(self._tokens)
 
     def is_key(self, text: str) -> bool:
-        """Whether ``text`` is one of the configured keys (so that it is never logged or echoed)."""
+        """Whether ``text`` is one of the configured keys, or a client token (so that it is never
+        logged or echoed)."""
+        if looks_like_token(text):
+            return True
         given = _digest(text)
         return any([hmac.compare_digest(given, token) for token, _ in self._tokens])
 
+    def grant(self, authorization: str | None) -> Grant | None:
+        """The grant of the client token an ``Authorization`` value holds (None: no valid token)."""
+        scheme, _, key = (authorization or "").partition(" ")
+        return self.client_tokens.verify(key) if scheme == "Bearer" else None
+
     def account(self, authorization: str | None) -> str | None:
-        """The account an ``Authorization`` value names; None when keys are configured and it names
-        none of them. Every key is compared, whatever matched."""
+        """The account an ``Authorization`` value names (an API key's, or a client token's); None
+        when keys are configured and it names none of them, or it holds a token that is not valid
+        (forged, expired, another secret's). Every key is compared, whatever matched."""
+        scheme, _, key = (authorization or "").partition(" ")
+        if looks_like_token(key):
+            grant = self.client_tokens.verify(key) if scheme == "Bearer" else None
+            return grant.account if grant is not None else None
         if not self._tokens:
             return DEFAULT_ACCOUNT
-        scheme, _, key = (authorization or "").partition(" ")
         given, found = _digest(key), None
         for token, account in self._tokens:
             if hmac.compare_digest(given, token):

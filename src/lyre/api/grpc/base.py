@@ -31,6 +31,7 @@ from lyre.config import LyreConfig
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections, UploadTooLarge
 from lyre.service.tts import TTSService
 from lyre.service.utterance import Utterance
+from lyre.trust.tokens import SCOPE
 
 log = logging.getLogger("lyre.grpc")
 
@@ -106,8 +107,10 @@ class Servicer:
                                   grpc.StatusCode.UNAUTHENTICATED, "duplicate_authorization")
             entry.account = account = self.accounts.account(metadata.get("authorization"))
             if account is None:
-                await self._abort(context, entry, "missing or wrong API key (authorization: Bearer <key>)",
-                                  grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
+                await self._abort(context, entry, "missing, wrong or expired API key or token (authorization: "
+                                  "Bearer <key or token>)", grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
+            grant = self.accounts.grant(metadata.get("authorization"))
+            SCOPE.set(grant.scope if grant is not None else None)  # (what the call's voices are checked against)
             if self.inflight.draining:
                 await self._abort(context, entry, "the server is shutting down", grpc.StatusCode.UNAVAILABLE,
                                   "unavailable")

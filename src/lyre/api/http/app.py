@@ -40,11 +40,13 @@ from lyre.api.http.shared import (
     lyre_error_response,
 )
 from lyre.api.http.speech import speech
-from lyre.api.http.ws import websocket
+from lyre.api.http.tokens import GRANT, mint_token, url_token
+from lyre.api.http.ws import WEBSOCKET, websocket
 from lyre.audio.formats import AudioFormatError
 from lyre.errors import LyreError, shorten
 from lyre.service.tts import TTSService
 from lyre.trust.accounts import Accounts
+from lyre.trust.tokens import SCOPE
 
 log = logging.getLogger("lyre.http")
 
@@ -116,11 +118,20 @@ def auth_middleware(accounts: Accounts):
             return error_response(400, "send one Authorization header, not several", "invalid_request_error",
                                   "duplicate_authorization")
         if request.path.startswith("/v1/"):
-            account = accounts.account(request.headers.get("Authorization"))
+            authorization = request.headers.get("Authorization")
+            if authorization is None and request.path == WEBSOCKET:
+                authorization, refusal = url_token(request)  # a browser's WebSocket cannot send the header
+                if refusal is not None:
+                    return error_response(401, refusal, "authentication_error", "unauthorized")
+            account = accounts.account(authorization)
             if account is None:
-                return error_response(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                      "authentication_error", "unauthorized")
+                return error_response(401, "missing, wrong or expired API key or token (Authorization: Bearer "
+                                      "<key or token>)", "authentication_error", "unauthorized")
             request[ACCOUNT] = account
+            grant = accounts.grant(authorization)
+            if grant is not None:
+                request[GRANT] = grant
+            SCOPE.set(grant.scope if grant is not None else None)  # (what the request's voices are checked against)
         return await handler(request)
 
     return middleware
@@ -152,7 +163,8 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app[INFLIGHT] = inflight
     app[MAX_BODY] = cfg.max_body_bytes
     app.router.add_post("/v1/audio/speech", speech)
-    app.router.add_get("/v1/audio/stream", websocket)
+    app.router.add_get(WEBSOCKET, websocket)
+    app.router.add_post("/v1/auth/tokens", mint_token)
     voices.routes(app)
     verify.routes(app)
     app.router.add_get("/v1/models", models)

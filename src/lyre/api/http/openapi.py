@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from lyre.audio.formats import CONTENT_TYPES
-from lyre.service.options import SpeechBody, WsMessage
+from lyre.service.options import SpeechBody, TokenRequest, WsMessage
 
 
 class _Shape(BaseModel):
@@ -145,6 +145,18 @@ class Ready(_Shape):
     capacity_utilisation: float = Field(description="(active + pending) / capacity: 1 = every slot busy")
 
 
+class TokenGrant(_Shape):
+    """``POST /v1/auth/tokens``: a short-lived client token."""
+
+    token: str = Field(description="pass it as 'Authorization: Bearer <token>', or on the WebSocket as ?token= or "
+                       "the subprotocol 'lyre-token.<token>'")
+    expires_at: int = Field(description="UNIX seconds after which it starts no request or connection")
+    expires_in_s: float
+    account: str = Field(description="the account it acts for (the API key's)")
+    voices: list[str] | None = Field(description="the only voices it may speak; null: all the account's")
+    max_session_s: float | None = Field(description="how long a WebSocket it opens may stay open; null: no limit")
+
+
 class Health(_Shape):
     status: str = Field(description="ok, draining or unavailable")
     model: str | None = Field(description="where the checkpoint was loaded from")
@@ -152,14 +164,17 @@ class Health(_Shape):
 
 
 SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enrollment, Verification, VerifyResult,
-                                         ModelList, Stats, Health, Ready, SpeechBody, WsMessage)
+                                         ModelList, Stats, Health, Ready, SpeechBody, WsMessage, TokenRequest,
+                                         TokenGrant)
 
 _REQUEST_ID = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
 _ERRORS = {
     400: "malformed JSON or multipart, wrong types, unknown fields, not a WebSocket handshake, or more than one "
          "Authorization header",
-    401: "missing or wrong API key (only when API keys are configured: server.api_keys, server.api_key)",
-    403: "a browser request from a page whose origin is not allowed (server.cors_origins)",
+    401: "missing, wrong or expired API key or client token (a key: only when API keys are configured: "
+         "server.api_keys, server.api_key)",
+    403: "a browser request from a page whose origin is not allowed (server.cors_origins), or beyond the scope "
+         "of the client token (a voice it may not speak; a token minting tokens)",
     404: "unknown voice (another account's cloned voices are unknown too)",
     409: "the account already has a voice of that name, or holds voices.max_per_account voices",
     413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
@@ -265,7 +280,11 @@ def _stream() -> dict[str, Any]:
             "Upgrade to a WebSocket. Send JSON messages (schema WsMessage): {text, voice} speaks one text; "
             "{context_id, append|flush|end|cancel} drive incremental utterances. The server sends binary audio "
             "(or JSON audio frames with a context_id), then {done: true, metrics}; bad messages are answered "
-            "{error: {...}}."),
+            "{error: {...}}. A browser, which cannot send an Authorization header here, passes a client token "
+            "(POST /v1/auth/tokens) as ?token= or as the subprotocol 'lyre-token.<token>'; an API key in the URL "
+            "is refused."),
+        "parameters": [{"name": "token", "in": "query", "required": False, "schema": {"type": "string"},
+                        "description": "a client token (never an API key)"}],
         "responses": {"101": {"description": "switching to the WebSocket protocol"},
                       **{str(e): _error(e) for e in (400, 401, 429, 503)}},
     })
@@ -287,6 +306,12 @@ def document() -> dict[str, Any]:
     paths = {
         "/v1/audio/speech": {"post": _speech()},
         "/v1/audio/stream": {"get": _stream()},
+        "/v1/auth/tokens": {"post": _v1({
+            "operationId": "createToken", "summary": "A short-lived client token for a browser (or any client that "
+            "must not hold the API key), bound to the key's account",
+            "requestBody": {"required": False, "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/TokenRequest"}}}},
+            "responses": _json("the token", "TokenGrant", 400, 401, 404, 422, status=201)})},
         **_voices(),
         "/v1/audio/verify": {"post": _v1({
             "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",

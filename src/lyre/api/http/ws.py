@@ -51,13 +51,17 @@ from lyre.api.common import (
     json_object,
 )
 from lyre.api.http.shared import ACCESS, ACCESS_LOG, ACCOUNT, INFLIGHT, SERVICE, draining
+from lyre.api.http.tokens import GRANT
 from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.options import SamplingOptions, WsMessage, parse
 from lyre.service.tts import TTSService
 from lyre.service.utterance import Utterance
+from lyre.trust.tokens import SUBPROTOCOL
 
 log = logging.getLogger("lyre.ws")
+
+WEBSOCKET = "/v1/audio/stream"
 
 SETTINGS = ("voice", "response_format", "format", "sample_rate", *SamplingOptions.model_fields)
 
@@ -66,13 +70,20 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     draining(request)
     service = request.app[SERVICE]
     cfg = service.config.server
-    ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False)
+    # a token sent as a subprotocol is the one the handshake must name back (else a browser drops it)
+    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False,
+                               protocols=[p for p in offered if p.startswith(SUBPROTOCOL)][:1])
     await ws.prepare(request)
     socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT], request[ACCESS], request.app[ACCESS_LOG])
+    grant = request.get(GRANT)
     with request.app[INFLIGHT].request():
         unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
         try:
-            await socket.serve(cfg.ws_idle_timeout_s)
+            await asyncio.wait_for(socket.serve(cfg.ws_idle_timeout_s), grant.scope.max_session_s if grant else None)
+        except asyncio.TimeoutError:  # the token's session time is over
+            await socket.close_all(None)
+            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"the token's max_session_s is over")
         except asyncio.CancelledError:
             await socket.close_all(cancelled_by_drain(request.app[INFLIGHT]))
             raise
