@@ -127,6 +127,9 @@ def test_a_voice_is_enrolled_used_everywhere_and_deleted(srv):
     pcm = client.audio.speech.create(model="tts-1", voice=vid, input="Hello, in my own voice.",
                                      response_format="pcm").content
     assert len(pcm) == PCM_BYTES
+    as_openai = client.audio.speech.create(model="tts-1", voice={"id": vid}, input="Hello, in my own voice.",
+                                           response_format="pcm").content  # OpenAI's form of a custom voice
+    assert len(as_openai) == PCM_BYTES
     got, done = run(ws_speak(srv, ALICE, vid))
     assert got == PCM_BYTES and done["done"] is True
     assert grpc_calls(srv, ALICE, vid) == {"Synthesize": PCM_BYTES, "SynthesizeStream": PCM_BYTES,

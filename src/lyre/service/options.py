@@ -93,6 +93,22 @@ class SynthesisRequest(SamplingOptions):
     voice: Name | None = None
 
 
+def _voice_ref(value: Any) -> Any:
+    """OpenAI's form of a custom voice, ``{"id": "v_..."}``, is that id."""
+    if isinstance(value, dict):
+        if set(value) != {"id"} or not isinstance(value["id"], str):
+            raise ValueError('must be a voice name or {"id": "<voice id>"}')
+        return value["id"]
+    return value
+
+
+_NAME_SCHEMA = {"type": "string", "maxLength": MAX_NAME_CHARS}
+# a voice's name, or OpenAI's {"id": ...} form of one (a cloned voice's id)
+VoiceName = Annotated[Name | None, BeforeValidator(_voice_ref), WithJsonSchema({"anyOf": [
+    _NAME_SCHEMA, {"type": "object", "properties": {"id": _NAME_SCHEMA}, "required": ["id"],
+                   "additionalProperties": False}, {"type": "null"}]})]
+
+
 class SpeechBody(SamplingOptions):
     """The JSON body of ``POST /v1/audio/speech`` (OpenAI's fields, then Lyre's)."""
 
@@ -103,8 +119,8 @@ class SpeechBody(SamplingOptions):
     input: GivenText = Field(None, description="what to say (OpenAI's name); up to server.max_input_chars, "
                                "split into sentences and spoken as one stream")
     text: GivenText = Field(None, description="seed 004's name for 'input' (give one of the two)")
-    voice: Name | None = Field(None, description="a voice of GET /v1/voices or one of its aliases, any case; "
-                               "default model.default_voice")
+    voice: VoiceName = Field(None, description="a voice of GET /v1/voices or one of its aliases, any case, or "
+                             "OpenAI's {\"id\": ...} form of a cloned voice; default model.default_voice")
     response_format: Name | None = Field(None, description="default mp3 with 'input', wav with 'text'; FLAC is "
                                          "sent whole (its header holds the length), the others stream",
                                          json_schema_extra={"enum": ["mp3", "opus", "aac", "flac", "wav", "pcm",

@@ -11,6 +11,7 @@ import struct
 
 import aiohttp
 import av
+import openai
 import pytest
 import soundfile as sf
 from openai import OpenAI
@@ -334,6 +335,10 @@ def test_every_response_names_its_request_and_models_answer_like_openai(server, 
     assert response.headers["x-request-id"].startswith("req_") and response.http_response.status_code == 200
     models = openai_client.models.list()
     assert {"tts-1", "lyre"} <= {m.id for m in models.data} and all(m.object == "model" for m in models.data)
+    for m in models.data:  # the checkpoint's id has a slash in it
+        assert openai_client.models.retrieve(m.id) == m
+    with pytest.raises(openai.NotFoundError, match="no model .whisper-1."):
+        openai_client.models.retrieve("whisper-1")
 
     async def fetch():
         async with aiohttp.ClientSession() as s:

@@ -168,6 +168,7 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     voices.routes(app)
     verify.routes(app)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/models/{model:.+}", model)  # (a checkpoint id holds a slash)
     app.on_response_prepare.append(request_id_header)
     app.on_response_prepare.append(cors_headers)
     app.router.add_get("/v1/stats", stats)
@@ -182,12 +183,24 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
 # REST
 
 
+def _models(service: TTSService) -> list[dict]:
+    return [{"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "lyre"}
+            for name in dict.fromkeys(("lyre", service.config.model.hf_id, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"))]
+
+
 async def models(request: web.Request) -> web.Response:
     """``GET /v1/models`` as OpenAI answers it: the one model served (any name is accepted in requests)."""
-    service = request.app[SERVICE]
-    return web.json_response({"object": "list", "data": [
-        {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "lyre"}
-        for name in dict.fromkeys(("lyre", service.config.model.hf_id, "tts-1", "tts-1-hd", "gpt-4o-mini-tts"))]})
+    return web.json_response({"object": "list", "data": _models(request.app[SERVICE])})
+
+
+async def model(request: web.Request) -> web.Response:
+    """``GET /v1/models/{model}`` (OpenAI's ``models.retrieve``): one of those names, or 404."""
+    name = request.match_info["model"]
+    found = next((m for m in _models(request.app[SERVICE]) if m["id"] == name), None)
+    if found is None:
+        return error_response(404, f"no model {shorten(name)}: GET /v1/models lists them", "not_found_error",
+                              "model_not_found")
+    return web.json_response(found)
 
 
 MODELS_CREATED = int(time.time())  # OpenAI's "created": when this server started

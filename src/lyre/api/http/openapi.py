@@ -321,6 +321,11 @@ def document() -> dict[str, Any]:
             "responses": _json("the verdict", "VerifyResult", 400, 401, 413, 422, 429)})},
         "/v1/models": {"get": _v1({"operationId": "listModels", "summary": "The model served (OpenAI's form)",
                                    "responses": _json("the models", "ModelList", 401, 429)})},
+        "/v1/models/{model}": {"get": _v1({
+            "operationId": "getModel", "summary": "One model by name (OpenAI's models.retrieve)",
+            "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"},
+                            "description": "a name of GET /v1/models (the checkpoint id holds a slash)"}],
+            "responses": _json("the model", "Model", 404)})},
         "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",
                                   "responses": _json("the figures", "Stats", 401, 429)})},
         "/ready": {"get": {"operationId": "ready", "summary": "Readiness: send me new callers",
