@@ -7,6 +7,7 @@ clients against a real server; the token's clock is the one thing moved by hand.
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import grpc
 import pytest
@@ -54,16 +55,31 @@ def test_a_key_mints_a_token_of_its_account_that_works_where_the_key_does(server
     assert grant["account"] == "ann" and grant["expires_in_s"] == 60 and grant["voices"] is None
     token = grant["token"]
     assert speak(server, token).status_code == 200
-    stats = requests.get(server.http + "/v1/stats", headers={"Authorization": f"Bearer {token}"}, timeout=30).json()
-    assert stats["account"]["name"] == "ann"  # its account's view, not another's
     with grpc.insecure_channel(server.grpc) as channel:
         replies = list(tts_pb2_grpc.TextToSpeechStub(channel).SynthesizeStream(
             tts_pb2.SynthesizeRequest(text="Hi.", sampling=tts_pb2.SamplingOptions(max_tokens=14)),
             metadata=(("authorization", f"Bearer {token}"),), timeout=60))
     assert replies
-    refused = mint(server, headers={"Authorization": f"Bearer {token}"})  # a token is no key
-    assert refused.status_code == 403 and refused.json()["error"]["code"] == "not_permitted"
     assert mint(server, headers={}).status_code == 401
+
+
+def test_a_token_may_only_speak_and_list_voices_never_manage_them(server):
+    """Whatever its scope: a page holding it cannot delete the account's voices, read consent records
+    or stats, verify, or mint tokens (a key can)."""
+    token = mint(server).json()["token"]
+    bearer = {"Authorization": f"Bearer {token}"}
+    assert requests.get(server.http + "/v1/voices", headers=bearer, timeout=30).status_code == 200
+    for method, path in (("POST", "/v1/auth/tokens"), ("GET", "/v1/stats"), ("DELETE", "/v1/voices/v_0123456789abcdef"),
+                         ("GET", "/v1/voices/tara"), ("GET", "/v1/voices/v_0123456789abcdef/consent"),
+                         ("POST", "/v1/voices"), ("POST", "/v1/audio/verify")):
+        r = requests.request(method, server.http + path, headers=bearer, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_permitted", path
+    with grpc.insecure_channel(server.grpc) as channel, pytest.raises(grpc.RpcError) as info:
+        tts_pb2_grpc.TextToSpeechStub(channel).DeleteVoice(tts_pb2.DeleteVoiceRequest(id="v_0123456789abcdef"),
+                                                           metadata=(("authorization", f"Bearer {token}"),))
+    assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    other = Tokens(b"a-test-secret-of-32-bytes-or-so").mint("mallory")[0]  # signed right, for no account here
+    assert speak(server, other).status_code == 401
 
 
 def test_forged_foreign_and_expired_tokens_are_refused(server):
@@ -98,6 +114,7 @@ def test_a_browser_websocket_passes_its_token_in_the_url_or_a_subprotocol_never_
     assert asyncio.run(spoken(f"{url}?token={token}")) == (None, True)
     chosen = f"lyre-token.{token}"
     assert asyncio.run(spoken(url, subprotocols=[chosen])) == (chosen, True)  # named back, as a browser needs
+    assert asyncio.run(spoken(url, subprotocols=["lyre", chosen])) == ("lyre", True)  # the token is not echoed
     for bad in (f"{url}?api_key=k-ann-0123456789", f"{url}?token=k-ann-0123456789"):
         with pytest.raises(websockets.InvalidStatus) as refused:
             asyncio.run(spoken(bad))
@@ -119,6 +136,7 @@ def test_a_token_narrowed_to_voices_speaks_only_those_on_every_surface(server):
     assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert mint(server, voices=["nobody"]).status_code == 404  # checked when it is minted
     assert mint(server, expires_in_s=601).status_code == 422
+    assert mint(server, voices=[]).status_code == 400  # (a token that may speak nothing)
 
 
 def test_a_websocket_opened_with_a_session_limited_token_is_closed_when_it_is_over(server):
@@ -132,6 +150,15 @@ def test_a_websocket_opened_with_a_session_limited_token_is_closed_when_it_is_ov
 
     code, reason = asyncio.run(asyncio.wait_for(until_closed(), 60))
     assert code == 1008 and "max_session_s" in reason
+
+    with grpc.insecure_channel(server.grpc) as channel, pytest.raises(grpc.RpcError) as info:
+        def never_done():  # a stream whose client never ends it: only the token's limit does
+            yield tts_pb2.StreamingSynthesizeRequest(config=tts_pb2.StreamingConfig(voice="tara"))
+            threading.Event().wait(120)
+
+        list(tts_pb2_grpc.TextToSpeechStub(channel).StreamingSynthesize(
+            never_done(), metadata=(("authorization", f"Bearer {token}"),), timeout=60))
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED and "max_session_s" in info.value.details()
 
 
 def test_tokens_are_signed_expire_and_replicas_sharing_a_secret_accept_each_others():

@@ -13,6 +13,7 @@ from lyre.model.orpheus import (
     FRAME_TOKENS,
     OPENAI_VOICE_ALIASES,
     RIVA_SUBVOICES,
+    RIVA_VOICE_ALIASES,
     SAMPLE_RATE,
     SAMPLES_PER_FRAME,
 )
@@ -87,6 +88,10 @@ def _voices(cfg: LyreConfig) -> None:
     for sub, voice in cfg.riva.subvoices.items():
         if voice not in m.voices and RIVA_SUBVOICES.get(sub) != voice:
             raise ConfigError(f"config key 'riva.subvoices.{sub}' = {voice!r} is not allowed: must be one of "
+                              f"model.voices ({', '.join(m.voices)})")
+    for alias, voice in cfg.riva.voice_aliases.items():
+        if voice not in m.voices and RIVA_VOICE_ALIASES.get(alias) != voice:  # (a default for a voice not served)
+            raise ConfigError(f"config key 'riva.voice_aliases.{alias}' = {voice!r} is not allowed: must be one of "
                               f"model.voices ({', '.join(m.voices)})")
     if m.default_voice not in m.voices:
         raise ConfigError(

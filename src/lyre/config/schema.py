@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from lyre.model.orpheus import OPENAI_VOICE_ALIASES, RIVA_SUBVOICES, VOICES
+from lyre.model.orpheus import OPENAI_VOICE_ALIASES, RIVA_SUBVOICES, RIVA_VOICE_ALIASES, VOICES
 
 
 class Section(BaseModel):
@@ -186,7 +186,7 @@ class ServerConfig(Section):
     token_secret: str | None = None
     token_secret_file: str | None = None
     # origins of the web pages that may call this server from a browser (CORS), e.g.
-    # [https://app.example.com]; the server's own pages always may; "*": any page (keyless server only)
+    # [https://app.example.com]; "*": any page (keyless server only)
     cors_origins: Names = ()
     # limits a public server needs (each refused with a clear error)
     max_pending_text_chars: int = Field(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
@@ -299,10 +299,21 @@ class RivaConfig(Section):
     voice_name: str = "English-US"  # Riva voice names are "<voice_name>.<subvoice>"
     # Riva subvoice -> Lyre voice ("English-US.Female-1" -> tara); Lyre's names and aliases work as-is
     subvoices: dict[str, str] = Field(default_factory=lambda: dict(RIVA_SUBVOICES))
+    # other full Riva voice names -> Lyre voice (NVIDIA's Magpie voices, which Riva clients ask for by
+    # default); a name with one more ".<Emotion>" part after it takes the same voice
+    voice_aliases: dict[str, str] = Field(default_factory=lambda: dict(RIVA_VOICE_ALIASES))
+    # GetRivaSynthesisConfig answers without an API key (it lists the built-in voices only): Riva
+    # clients (Pipecat's NvidiaTTSService) ask for it at start without their metadata
+    config_without_key: bool = True
 
     def resolve_voice(self, name: str) -> str:
         """The Lyre voice a Riva-style ``name`` means, else ``name`` unchanged (a Lyre name or alias)."""
-        prefix, dot, sub = name.strip().rpartition(".")
+        name = name.strip()
+        aliases = {a.lower(): v for a, v in self.voice_aliases.items()}
+        for candidate in (name, name.rpartition(".")[0]):
+            if candidate.lower() in aliases:
+                return aliases[candidate.lower()]
+        prefix, dot, sub = name.rpartition(".")
         if dot and prefix.lower() == self.voice_name.lower():
             return next((v for s, v in self.subvoices.items() if s.lower() == sub.lower()), name)
         return name

@@ -57,6 +57,11 @@ OPENAI_VOICE_ALIASES = {"alloy": "tara", "ash": "leo", "ballad": "dan", "coral":
 # Riva's voice names ("English-US.Female-1") for the same voices, by gender as Riva numbers them
 RIVA_SUBVOICES = {"Female-1": "tara", "Female-2": "leah", "Female-3": "jess", "Female-4": "mia", "Female-5": "zoe",
                   "Male-1": "leo", "Male-2": "dan", "Male-3": "zac"}
+# Riva's current voices (NVIDIA Magpie; Pipecat's NvidiaTTSService asks for the first by default)
+# -> Orpheus voices of the same kind. Names with an emotion after them (".Calm", ...) take the voice.
+RIVA_VOICE_ALIASES = {f"Magpie-Multilingual.EN-US.{name}": voice for name, voice in (
+    ("Aria", "tara"), ("Sofia", "leah"), ("Louise", "jess"), ("Mia", "mia"), ("Isabela", "zoe"),
+    ("Leo", "leo"), ("Jason", "dan"), ("Ray", "zac"), ("Diego", "leo"), ("Pascal", "dan"))}
 EMOTION_TAGS = ("<laugh>", "<chuckle>", "<sigh>", "<cough>", "<sniffle>", "<groan>", "<yawn>", "<gasp>")
 
 # Frame slot s of a frame (0..6) -> (codebook, position of the slot within that codebook's codes

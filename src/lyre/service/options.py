@@ -155,7 +155,7 @@ class TokenRequest(_Options):
 
     expires_in_s: float = Field(60.0, ge=1.0, le=600.0, description="how long the token can start a request or "
                                 "connection (a WebSocket it opened stays open after)")
-    voices: list[Name] | None = Field(None, max_length=64, description="the only voices it may speak (built-in "
+    voices: list[Name] | None = Field(None, min_length=1, max_length=64, description="the only voices it may speak (built-in "
                                       "names or aliases, the account's cloned voices' ids); default: all")
     max_session_s: float | None = Field(None, ge=1.0, le=86400.0, description="how long a WebSocket it opens may "
                                         "stay open; default: no limit")

@@ -97,19 +97,26 @@ class Accounts:
         given = _digest(text)
         return any([hmac.compare_digest(given, token) for token, _ in self._tokens])
 
-    def grant(self, authorization: str | None) -> Grant | None:
-        """The grant of the client token an ``Authorization`` value holds (None: no valid token)."""
+    def caller(self, authorization: str | None) -> tuple[str | None, Grant | None]:
+        """Who an ``Authorization`` value is, checked once: (its account, the grant of its client
+        token or None for an API key); (None, None) when it names no account (keys configured and
+        none matches, or a token that is not valid: forged, expired, another secret's, or of an
+        account this server does not have)."""
         scheme, _, key = (authorization or "").partition(" ")
-        return self.client_tokens.verify(key) if scheme == "Bearer" else None
+        if looks_like_token(key):
+            grant = self.client_tokens.verify(key) if scheme == "Bearer" else None
+            if grant is None or grant.account not in self.names:
+                return None, None
+            return grant.account, grant
+        return self.account(authorization), None
 
     def account(self, authorization: str | None) -> str | None:
         """The account an ``Authorization`` value names (an API key's, or a client token's); None
         when keys are configured and it names none of them, or it holds a token that is not valid
-        (forged, expired, another secret's). Every key is compared, whatever matched."""
+        (:meth:`caller`). Every key is compared, whatever matched."""
         scheme, _, key = (authorization or "").partition(" ")
         if looks_like_token(key):
-            grant = self.client_tokens.verify(key) if scheme == "Bearer" else None
-            return grant.account if grant is not None else None
+            return self.caller(authorization)[0]
         if not self._tokens:
             return DEFAULT_ACCOUNT
         given, found = _digest(key), None

@@ -59,6 +59,17 @@ class Grant:
     scope: Scope
 
 
+# What a client token may do at all, whatever its scope: speak, and see the voices and models (REST
+# routes and gRPC methods); never manage voices, read consent records or stats, verify or mint tokens.
+TOKEN_ROUTES = frozenset({("POST", "/v1/audio/speech"), ("GET", "/v1/audio/stream"), ("GET", "/v1/voices"),
+                          ("GET", "/v1/models"), ("GET", "/v1/models/{model}")})
+TOKEN_METHODS = frozenset({"lyre.v1.TextToSpeech/Synthesize", "lyre.v1.TextToSpeech/SynthesizeStream",
+                           "lyre.v1.TextToSpeech/StreamingSynthesize", "lyre.v1.TextToSpeech/ListVoices",
+                           "nvidia.riva.tts.RivaSpeechSynthesis/Synthesize",
+                           "nvidia.riva.tts.RivaSpeechSynthesis/SynthesizeOnline",
+                           "nvidia.riva.tts.RivaSpeechSynthesis/GetRivaSynthesisConfig"})
+NOT_FOR_TOKENS = "a client token may only speak (and list voices and models): do this with an API key"
+
 # the scope of the token the current request or call authenticated with (None: an API key, or none)
 SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("lyre_token_scope", default=None)
 

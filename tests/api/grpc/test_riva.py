@@ -14,7 +14,7 @@ import soundfile
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from riva.client.proto import riva_common_pb2, riva_tts_pb2, riva_tts_pb2_grpc
 
-from tests.support.servers import MAX_TOKENS, same_speech
+from tests.support.servers import MAX_TOKENS, same_speech, serve_in_process
 
 SAMPLES = MAX_TOKENS // 7 * 2048  # per request at 24 kHz
 AudioEncoding = riva.client.AudioEncoding
@@ -161,3 +161,47 @@ def test_riva_service_is_listed_by_reflection(server):
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         (resp,) = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     assert "nvidia.riva.tts.RivaSpeechSynthesis" in {s.name for s in resp.list_services_response.service}
+
+
+def test_pipecats_nvidia_service_against_a_keyed_server_with_its_default_voice():
+    """Pipecat's NvidiaTTSService as its setup() and per-sentence synthesis run it: the synthesis
+    config asked for without its metadata (answered without a key), then SynthesizeOnline with the
+    key in metadata and its default voice, NVIDIA's Magpie-Multilingual.EN-US.Aria (tara here)."""
+    from pipecat.services.nvidia.tts import NvidiaTTSService
+
+    with serve_in_process("server.api_key=s3cret-riva") as srv:
+        service = NvidiaTTSService(api_key="s3cret-riva", server=srv.grpc, use_ssl=False, sample_rate=22050)
+        service._sample_rate = 22050  # what its setup() does in a running pipeline
+        service._initialize_client()
+        config = service._create_synthesis_config()  # (no metadata: refused before, so Pipecat failed to start)
+        assert config.model_config[0].parameters["voice_name"] == "English-US"
+        request = service._build_base_request()
+        assert request.voice_name == "Magpie-Multilingual.EN-US.Aria"
+        request.text = "Hello from a Pipecat bot."
+        request.custom_configuration["seed"] = "3"
+        audio = b"".join(r.audio for r in service._service.stub.SynthesizeOnline(
+            iter([request]), metadata=service._service.auth.get_auth_metadata()))
+        tara = riva.client.SpeechSynthesisService(riva.client.Auth(uri=srv.grpc, metadata_args=[
+            ["authorization", "Bearer s3cret-riva"]])).synthesize(
+            "Hello from a Pipecat bot.", voice_name="tara", sample_rate_hz=22050, custom_configuration={"seed": "3"})
+        assert same_speech(audio, tara.audio)
+        with pytest.raises(grpc.RpcError) as refused:  # only the voice list goes without a key
+            list(service._service.stub.SynthesizeOnline(iter([request])))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_the_keyless_voice_list_can_be_turned_off():
+    with serve_in_process("server.api_key=s3cret-riva", "riva.config_without_key=false") as srv, \
+            grpc.insecure_channel(srv.grpc) as channel, pytest.raises(grpc.RpcError) as refused:
+        riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel).GetRivaSynthesisConfig(
+            riva_tts_pb2.RivaSynthesisConfigRequest())
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+@pytest.mark.parametrize("name, voice", [("Magpie-Multilingual.EN-US.Aria", "tara"),
+                                         ("magpie-multilingual.en-us.ray.Calm", "zac"),
+                                         ("English-US.Male-1", "leo"), ("leo", "leo")])
+def test_magpie_and_riva_names_resolve_to_lyre_voices(name, voice):
+    from lyre.config import load_config
+
+    assert load_config(None).riva.resolve_voice(name) == voice

@@ -1,4 +1,4 @@
-"""Browsers (CORS): pages on ``server.cors_origins`` (and the server's own) may call it, their
+"""Browsers (CORS): pages on ``server.cors_origins`` may call it, their
 preflights are answered without a key, their answers (errors and streams too) name the origin and
 expose the headers a page reads; any other page is refused before any work, its "simple"
 ``text/plain`` POST and its WebSocket handshake included. Real requests and a real WebSocket
@@ -69,10 +69,12 @@ def test_any_other_page_is_refused_before_any_work_simple_requests_and_websocket
     assert requests.get(server.http + "/v1/stats", headers=KEY, timeout=30).json()["total_tokens"] == before
 
 
-def test_a_listed_page_and_the_servers_own_page_open_a_websocket(server):
+def test_a_listed_page_opens_a_websocket_and_a_malformed_origin_is_only_refused(server):
     assert asyncio.run(_connect(server, PAGE)) == PAGE
-    own = server.http  # http://127.0.0.1:<port>: the page the server itself serves
-    assert asyncio.run(_connect(server, own)) == own
+    assert asyncio.run(_connect(server, PAGE.upper() + "/")) == PAGE.upper() + "/"  # (origins have no case)
+    for origin in ("http://[", "null", server.http):  # not listed (the server's own address neither): refused
+        r = requests.get(server.http + "/v1/voices", headers={**KEY, "Origin": origin}, timeout=30)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", origin
 
 
 def test_a_json_route_takes_only_a_json_body(server):

@@ -31,7 +31,7 @@ from lyre.config import LyreConfig
 from lyre.errors import InvalidRequest, LyreError, TooManyConnections, UploadTooLarge
 from lyre.service.tts import TTSService
 from lyre.service.utterance import Utterance
-from lyre.trust.tokens import SCOPE
+from lyre.trust.tokens import NOT_FOR_TOKENS, SCOPE, TOKEN_METHODS
 
 log = logging.getLogger("lyre.grpc")
 
@@ -89,9 +89,10 @@ class Servicer:
         self.access = AccessLog(service.config.server.access_log)
 
     @contextlib.asynccontextmanager
-    async def _serving(self, context: grpc.aio.ServicerContext, request: Any = None):
-        """Every call: a message that decodes, the API key (yields its account), not draining, the
-        client's limit; then Lyre's errors become status codes."""
+    async def _serving(self, context: grpc.aio.ServicerContext, request: Any = None, keyless: bool = False):
+        """Every call: a message that decodes, the API key (yields its account; ``keyless``: a call
+        that may go on without one yields None), not draining, the client's limit; then Lyre's
+        errors become status codes."""
         pairs = context.invocation_metadata() or ()
         metadata = dict(pairs)
         method = METHOD.get()
@@ -105,11 +106,13 @@ class Servicer:
             if sum(1 for key, _ in pairs if key == "authorization") > 1:  # which one would be the caller?
                 await self._abort(context, entry, "send one authorization metadata entry, not several",
                                   grpc.StatusCode.UNAUTHENTICATED, "duplicate_authorization")
-            entry.account = account = self.accounts.account(metadata.get("authorization"))
-            if account is None:
+            account, grant = self.accounts.caller(metadata.get("authorization"))
+            entry.account = account
+            if account is None and not (keyless and "authorization" not in metadata):
                 await self._abort(context, entry, "missing, wrong or expired API key or token (authorization: "
                                   "Bearer <key or token>)", grpc.StatusCode.UNAUTHENTICATED, "unauthorized")
-            grant = self.accounts.grant(metadata.get("authorization"))
+            if grant is not None and method not in TOKEN_METHODS:
+                await self._abort(context, entry, NOT_FOR_TOKENS, grpc.StatusCode.PERMISSION_DENIED, "not_permitted")
             SCOPE.set(grant.scope if grant is not None else None)  # (what the call's voices are checked against)
             if self.inflight.draining:
                 await self._abort(context, entry, "the server is shutting down", grpc.StatusCode.UNAVAILABLE,
@@ -118,6 +121,7 @@ class Servicer:
                 address = self.inflight.clients.enter(entry.client)
             except TooManyConnections as e:
                 await self._abort(context, entry, e)
+            over = _session_deadline(grant)
             with self.inflight.request():
                 try:
                     yield account
@@ -128,10 +132,16 @@ class Servicer:
                         context.set_trailing_metadata((("retry-after", wait),))
                     await self._abort(context, entry, e)
                 except asyncio.CancelledError:
+                    if over is not None and over.ran:  # the token's max_session_s
+                        await self._abort(context, entry, "the client token's max_session_s is over",
+                                          grpc.StatusCode.DEADLINE_EXCEEDED, "session_over")
                     entry.status, entry.code = "CANCELLED", "cancelled"  # the client's cancel, or the drain's end
                     if self.inflight.draining:
                         log.info("call cancelled: %s", DRAIN_TIMEOUT)
                     raise
+                finally:
+                    if over is not None:
+                        over.cancel()
         except BaseException:
             if entry.status == "-":
                 entry.status, entry.code = "UNKNOWN", "internal_error"  # (grpc's answer to an unexpected error)
@@ -155,6 +165,29 @@ class Servicer:
         """The caller's address (behind a trusted balancer: its x-forwarded-for)."""
         metadata = dict(context.invocation_metadata()) if metadata is None else metadata
         return self.inflight.address(peer_address(context.peer()), metadata.get("x-forwarded-for"))
+
+
+class _Deadline:
+    """Cancels the running task after ``seconds`` (``ran`` says it did)."""
+
+    def __init__(self, seconds: float):
+        task = asyncio.current_task()
+        self.ran = False
+        self._handle = asyncio.get_running_loop().call_later(seconds, self._fire, task)
+
+    def _fire(self, task: asyncio.Task) -> None:
+        self.ran = True
+        task.cancel()
+
+    def cancel(self) -> None:
+        self._handle.cancel()
+
+
+def _session_deadline(grant: Any) -> _Deadline | None:
+    """A call made with a client token whose scope has ``max_session_s``: ended when it is over."""
+    if grant is None or grant.scope.max_session_s is None:
+        return None
+    return _Deadline(grant.scope.max_session_s)
 
 
 async def utterance_audio(utterance: Utterance, encoder: AudioEncoder,

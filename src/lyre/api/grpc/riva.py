@@ -175,7 +175,9 @@ class RivaSpeechSynthesis(Servicer):
                                  f"changes {', '.join(changed)}: start another call for other settings")
 
     async def GetRivaSynthesisConfig(self, request, context):
-        async with self._serving(context, request):
+        """The built-in voices, as Riva lists them; without a key too (``riva.config_without_key``:
+        Riva clients ask at start without their metadata). Cloned voices are never listed here."""
+        async with self._serving(context, request, keyless=self.service.config.riva.config_without_key):
             cfg = self.service.config
             served = [(sub, voice) for sub, voice in cfg.riva.subvoices.items() if voice in cfg.model.voices]
             config = riva_tts_pb2.RivaSynthesisConfigResponse.Config(model_name=f"lyre-{cfg.model.hf_id.split('/')[-1]}")

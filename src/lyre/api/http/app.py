@@ -46,7 +46,7 @@ from lyre.audio.formats import AudioFormatError
 from lyre.errors import LyreError, shorten
 from lyre.service.tts import TTSService
 from lyre.trust.accounts import Accounts
-from lyre.trust.tokens import SCOPE
+from lyre.trust.tokens import NOT_FOR_TOKENS, SCOPE, TOKEN_ROUTES
 
 log = logging.getLogger("lyre.http")
 
@@ -123,13 +123,15 @@ def auth_middleware(accounts: Accounts):
                 authorization, refusal = url_token(request)  # a browser's WebSocket cannot send the header
                 if refusal is not None:
                     return error_response(401, refusal, "authentication_error", "unauthorized")
-            account = accounts.account(authorization)
+            account, grant = accounts.caller(authorization)
             if account is None:
                 return error_response(401, "missing, wrong or expired API key or token (Authorization: Bearer "
                                       "<key or token>)", "authentication_error", "unauthorized")
             request[ACCOUNT] = account
-            grant = accounts.grant(authorization)
             if grant is not None:
+                resource = request.match_info.route.resource
+                if (request.method, resource.canonical if resource is not None else "") not in TOKEN_ROUTES:
+                    return error_response(403, NOT_FOR_TOKENS, "permission_error", "not_permitted")
                 request[GRANT] = grant
             SCOPE.set(grant.scope if grant is not None else None)  # (what the request's voices are checked against)
         return await handler(request)

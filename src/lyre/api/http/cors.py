@@ -1,8 +1,8 @@
 """Cross-origin requests from browsers (``server.cors_origins``).
 
 A request that carries an ``Origin`` header (a browser's, for a cross-origin fetch, a POST, or any
-WebSocket) is served only when that origin is the server's own (the page it serves) or on the
-allow-list; any other is refused with 403 before any work is done, "simple" requests (a
+WebSocket) is served only when that origin is on the allow-list; any other is refused with 403
+before any work is done, "simple" requests (a
 ``text/plain`` POST a page can send without a preflight) and WebSocket handshakes included. A
 request without ``Origin`` is no browser's cross-origin request: CORS does not apply to it.
 
@@ -17,7 +17,6 @@ server's capacity, which a warning says at start.
 from __future__ import annotations
 
 import logging
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -39,18 +38,15 @@ class Cors:
             log.warning("server.cors_origins has '*': any web page can make this server synthesize (it has no API "
                         "keys); list the pages' origins instead")
 
-    def allows(self, origin: str, request: web.Request) -> bool:
-        if self.everyone or origin.lower() in self.origins:
-            return True
-        host = urlsplit(origin).netloc.lower()  # the page the server itself serves (behind TLS at a balancer too)
-        return bool(host) and host == (request.host or "").lower()
+    def allows(self, origin: str) -> bool:
+        return self.everyone or origin.rstrip("/").lower() in self.origins
 
     @web.middleware
     async def middleware(self, request: web.Request, handler):
         origin = request.headers.get("Origin")
         if origin is None:
             return await handler(request)
-        if not self.allows(origin, request):
+        if not self.allows(origin):
             return error_response(403, f"origin {origin[:200]!r} is not allowed (server.cors_origins)",
                                   "invalid_request_error", "origin_not_allowed", headers={"Vary": "Origin"})
         request[ALLOWED] = origin

@@ -6,7 +6,6 @@ from __future__ import annotations
 from aiohttp import web
 
 from lyre.api.http.shared import ACCOUNT, SERVICE, json_body
-from lyre.errors import NotPermitted
 from lyre.service.options import TokenRequest, parse
 from lyre.storage.registry import Voice
 from lyre.trust.tokens import SUBPROTOCOL, Grant, Scope, looks_like_token
@@ -20,8 +19,6 @@ NO_KEYS_IN_URLS = ("API keys are not accepted in URLs (they would sit in logs an
 async def mint_token(request: web.Request) -> web.Response:
     """A token of the key's account, valid ``expires_in_s`` to start a request or connection, narrowed
     to ``voices`` and ``max_session_s`` when given (each voice checked now, as the account sees it)."""
-    if GRANT in request:
-        raise NotPermitted("a client token cannot mint tokens: ask with an API key")
     service, account = request.app[SERVICE], request[ACCOUNT]
     body = parse(TokenRequest, await json_body(request) if request.body_exists else {})
     voices = None

@@ -70,24 +70,28 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     draining(request)
     service = request.app[SERVICE]
     cfg = service.config.server
-    # a token sent as a subprotocol is the one the handshake must name back (else a browser drops it)
+    # The handshake must name back one of the subprotocols a browser offered, else it drops the
+    # socket: "lyre" when offered beside the token's ["lyre", "lyre-token.<token>"] (the token is then
+    # not echoed), else the token's own.
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False,
-                               protocols=[p for p in offered if p.startswith(SUBPROTOCOL)][:1])
+                               protocols=["lyre", *[p for p in offered if p.startswith(SUBPROTOCOL)][:1]])
     await ws.prepare(request)
     socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT], request[ACCESS], request.app[ACCESS_LOG])
     grant = request.get(GRANT)
+    over = None
+    if grant is not None and grant.scope.max_session_s is not None:  # (a timer: a cancel could be swallowed)
+        over = asyncio.get_running_loop().call_later(grant.scope.max_session_s, socket.session_over)
     with request.app[INFLIGHT].request():
         unsubscribe = request.app[INFLIGHT].on_drain(socket.on_drain)
         try:
-            await asyncio.wait_for(socket.serve(cfg.ws_idle_timeout_s), grant.scope.max_session_s if grant else None)
-        except asyncio.TimeoutError:  # the token's session time is over
-            await socket.close_all(None)
-            await ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"the token's max_session_s is over")
+            await socket.serve(cfg.ws_idle_timeout_s)
         except asyncio.CancelledError:
             await socket.close_all(cancelled_by_drain(request.app[INFLIGHT]))
             raise
         finally:
+            if over is not None:
+                over.cancel()
             unsubscribe()
             await socket.close_all(None)
     return ws
@@ -104,6 +108,7 @@ class Socket:
         self.contexts: dict[str | None, Context] = {}
         self.send_lock = asyncio.Lock()
         self.stopping = False  # close_all is ending every context (and closes the socket itself)
+        self._closing: asyncio.Future | None = None  # the close when a client token's session is over
 
     async def serve(self, idle_timeout_s: float) -> None:
         while not self.ws.closed:
@@ -225,6 +230,17 @@ class Socket:
         if not self.contexts and not self.ws.closed:
             asyncio.get_running_loop().create_task(
                 self.ws.close(code=WSCloseCode.GOING_AWAY, message=b"the server is shutting down"))
+
+    def session_over(self) -> None:
+        """The client token's ``max_session_s`` is over: every context ends, and the socket closes (1008)."""
+
+        async def close() -> None:
+            await self.close_all(None)
+            with contextlib.suppress(Exception):
+                await self.ws.close(code=WSCloseCode.POLICY_VIOLATION, message=b"the client token's max_session_s "
+                                    b"is over")
+
+        self._closing = asyncio.ensure_future(close())  # (kept: a task nobody holds may be collected)
 
     async def close_all(self, error: LyreError | None) -> None:
         """Stop every context (the socket closed, or the drain timeout passed: then say why first)."""
