@@ -85,6 +85,29 @@ def check_format(fmt: str, sample_rate: int | None) -> int:
     return rate
 
 
+# Compressed formats' bit rates (bits/s): the default (a 24 kHz mono voice: LAME's own default gave
+# 32 kb/s, thin) and the range a request may ask for; mp3 below 32 kHz tops out lower (160, 64 kb/s)
+BITRATES = {"mp3": (64000, 8000, 320000), "aac": (64000, 16000, 320000), "opus": (48000, 6000, 256000)}
+
+
+def check_bitrate(fmt: str, sample_rate: int, bitrate: int | None) -> int | None:
+    """The bit rate ``fmt`` is encoded at (None: not a compressed format); raises AudioFormatError
+    for one out of the format's range, or given for a format without one."""
+    if fmt not in BITRATES:
+        if bitrate is not None:
+            raise AudioFormatError(f"bitrate applies to {', '.join(BITRATES)}, not {fmt}")
+        return None
+    default, low, high = BITRATES[fmt]
+    if fmt == "mp3" and sample_rate < 32000:  # MPEG-2 (16-24 kHz) and MPEG-2.5 (8-12 kHz) have lower ceilings
+        high = 160000 if sample_rate >= 16000 else 64000
+    if bitrate is None:
+        return min(default, high)
+    if isinstance(bitrate, bool) or not isinstance(bitrate, int) or not low <= bitrate <= high:
+        raise AudioFormatError(f"{fmt} bitrate at {sample_rate} Hz must be an integer from {low} to {high} bits/s, "
+                               f"got {bitrate!r}")
+    return bitrate
+
+
 def check_speed(speed: float) -> float:
     """``speed`` as a float; raises AudioFormatError unless it is a number from 0.25 to 4.0."""
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
@@ -213,11 +236,13 @@ def _mp3_info_frame(first_frame: bytes, encoder_delay: int) -> bytes:
 
 class AudioEncoder:
     def __init__(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0, *, stream: bool = True,
-                 mark: Callable[[np.ndarray], np.ndarray] | None = None):
+                 mark: Callable[[np.ndarray], np.ndarray] | None = None, bitrate: int | None = None):
         """``mark``: a watermarker applied after the tempo change (a time-stretch moves a mark applied
-        before it away from its period; see lyre.audio.watermark)."""
+        before it away from its period; see lyre.audio.watermark). ``bitrate``: of mp3, aac and opus
+        (:data:`BITRATES`)."""
         self.format = fmt
         self.sample_rate = check_format(fmt, sample_rate)
+        self.bitrate = check_bitrate(fmt, self.sample_rate, bitrate)
         self.speed = check_speed(speed)
         self.content_type = CONTENT_TYPES[fmt]
         self.streaming = stream
@@ -248,6 +273,8 @@ class AudioEncoder:
             options = {"flush_packets": "1", **_STREAM_OPTIONS.get(fmt, {})} if stream else {}
             self._container = av.open(self._sink, mode="w", format=container_fmt, container_options=options)
             self._stream = self._container.add_stream(codec, rate=self.sample_rate, layout="mono")
+            if self.bitrate is not None:
+                self._stream.bit_rate = self.bitrate
 
     @property
     def cheap(self) -> bool:

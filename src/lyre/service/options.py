@@ -129,6 +129,9 @@ class SpeechBody(SamplingOptions):
     stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default) or sse: "
                                                           "speech.audio.delta events, then speech.audio.done")
     instructions: Text | None = Field(None, description="accepted and ignored: Orpheus takes no style prompt")
+    bitrate: int | None = Field(None, description="bits/s of mp3 (default 64000; 8000-320000, at most 160000 below "
+                                "32 kHz and 64000 below 16 kHz), aac (64000; 16000-320000) and opus (48000; "
+                                "6000-256000); no other format takes one")
     sample_rate: int | None = Field(None, description="8000-48000 (mp3 and aac: 8000, 11025, 12000, 16000, 22050, "
                                    "24000, 32000, 44100, 48000; opus: 8000, 12000, 16000, 24000, 48000); default "
                                    "24000, 8000 for mulaw and alaw")
@@ -148,6 +151,7 @@ class WsMessage(SamplingOptions):
     response_format: Name | None = None
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None
+    bitrate: int | None = None  # of mp3, aac, opus (as SpeechBody's)
 
 
 class TokenRequest(_Options):

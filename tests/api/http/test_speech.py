@@ -13,6 +13,7 @@ import aiohttp
 import av
 import openai
 import pytest
+import requests
 import soundfile as sf
 from openai import OpenAI
 
@@ -94,6 +95,28 @@ def test_openai_speed_stretches_time(openai_client, speed):
 def test_compressed_formats_decode_to_the_right_duration(openai_client, fmt):
     data = openai_client.audio.speech.create(model="orpheus", voice="tara", input="Compressed", response_format=fmt).content
     assert abs(decoded_seconds(data) - SECONDS) < 0.08
+
+
+def bitrate_of(data: bytes) -> int:
+    with av.open(io.BytesIO(data)) as f:
+        return f.streams.audio[0].codec_context.bit_rate
+
+
+@pytest.mark.parametrize("fmt, asked, rate, got", [("mp3", None, None, 64000), ("mp3", 128000, None, 128000),
+                                                  ("mp3", 32000, 8000, 32000), ("aac", None, None, 64000)])
+def test_compressed_audio_has_a_voices_bitrate_by_default_and_the_one_asked_for(openai_client, fmt, asked, rate, got):
+    extra = {k: v for k, v in (("bitrate", asked), ("sample_rate", rate)) if v is not None}
+    data = openai_client.audio.speech.create(model="tts-1", voice="tara", input="Rich enough.", response_format=fmt,
+                                             extra_body=extra).content
+    assert abs(bitrate_of(data) - got) <= 0.05 * got and abs(decoded_seconds(data) - SECONDS) < 0.08
+
+
+@pytest.mark.parametrize("body, words", [({"response_format": "wav", "bitrate": 64000}, "applies to mp3"),
+                                         ({"response_format": "mp3", "sample_rate": 8000, "bitrate": 128000}, "8000 to 64000"),
+                                         ({"response_format": "opus", "bitrate": 1000}, "6000 to 256000")])
+def test_a_bitrate_a_format_cannot_take_is_refused(server, body, words):
+    r = requests.post(server.http + "/v1/audio/speech", json={"input": "Hi.", **body}, timeout=30)
+    assert r.status_code == 422 and words in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("rate", [None, 16000])

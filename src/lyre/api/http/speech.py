@@ -16,7 +16,7 @@ from aiohttp import web
 
 from lyre.api.common import cancelled_by_drain, describe_text, encode, error_body, finish, whole_audio
 from lyre.api.http.shared import ACCOUNT, INFLIGHT, SERVICE, draining, json_body
-from lyre.audio.formats import AudioEncoder, check_format
+from lyre.audio.formats import AudioEncoder, check_bitrate, check_format
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SpeechBody, parse
 from lyre.service.stream import SpeechStream
@@ -35,7 +35,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     if text is None:
         raise InvalidRequest("'input' is required")
     fmt = body.response_format or ("mp3" if body.input is not None else "wav")
-    check_format(fmt, body.sample_rate)  # refused before admission; the encoder is built after it
+    check_bitrate(fmt, check_format(fmt, body.sample_rate), body.bitrate)  # refused before admission
     account = request[ACCOUNT]
     voice = await service.voices.resolve(body.voice, account)
     stream = service.speak(text, voice, account=account, protocol="rest", **body.sampling())
@@ -50,7 +50,7 @@ async def _respond_whole(request: web.Request, stream: SpeechStream, fmt: str, b
     """The whole file in one response, its headers filled in (a failure still gets its status)."""
     try:
         encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0, stream=False,
-                               mark=request.app[SERVICE].marker())
+                               mark=request.app[SERVICE].marker(), bitrate=body.bitrate)
     except BaseException:
         await stream.aclose()
         raise
@@ -77,7 +77,7 @@ async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: 
     try:
         # Wait for the first chunk before answering, so an early failure still gets its status.
         first = await anext(stream, None)
-        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0,
+        encoder = AudioEncoder(fmt, body.sample_rate, speed=body.speed or 1.0, bitrate=body.bitrate,
                                mark=request.app[SERVICE].marker())  # marked again after a tempo change
         headers = {"Content-Type": "text/event-stream" if sse else encoder.content_type,
                    "X-Sample-Rate": str(encoder.sample_rate), "Cache-Control": "no-cache"}

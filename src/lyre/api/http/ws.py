@@ -52,7 +52,7 @@ from lyre.api.common import (
 )
 from lyre.api.http.shared import ACCESS, ACCESS_LOG, ACCOUNT, INFLIGHT, SERVICE, draining
 from lyre.api.http.tokens import GRANT
-from lyre.audio.formats import AudioEncoder, AudioFormatError, check_format
+from lyre.audio.formats import AudioEncoder, AudioFormatError, check_bitrate, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.options import SamplingOptions, WsMessage, parse
 from lyre.service.tts import TTSService
@@ -63,7 +63,7 @@ log = logging.getLogger("lyre.ws")
 
 WEBSOCKET = "/v1/audio/stream"
 
-SETTINGS = ("voice", "response_format", "format", "sample_rate", *SamplingOptions.model_fields)
+SETTINGS = ("voice", "response_format", "format", "sample_rate", "bitrate", *SamplingOptions.model_fields)
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -194,6 +194,7 @@ class Socket:
                                  f"server.max_contexts_per_socket is {limit}")
         fmt = m.response_format or m.format or "pcm"
         rate = check_format(fmt, m.sample_rate)
+        bitrate = check_bitrate(fmt, rate, m.bitrate)
         voice = await self.service.voices.resolve(m.voice, self.account)  # a built-in name, or a cloned voice
         release = self.service.quotas.take(self.account, "ws_contexts")  # over all the account's sockets
         try:
@@ -203,14 +204,14 @@ class Socket:
             raise
         try:
             feed(utterance, m, text)
-            encoder = AudioEncoder(fmt, m.sample_rate)
+            encoder = AudioEncoder(fmt, m.sample_rate, bitrate=m.bitrate)
         except BaseException:
             utterance.cancel()
             release()
             raise
         cfg = self.service.config
         settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
-                    "sample_rate": rate, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
+                    "sample_rate": rate, "bitrate": bitrate, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append
         log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)
