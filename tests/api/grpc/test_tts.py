@@ -92,6 +92,35 @@ def test_voices_stats_health_and_reflection(server):
     assert len(answers) == 2
 
 
+def test_reflection_describes_every_method_as_grpcurl_asks_for_it(server):
+    """``grpcurl describe lyre.v1.TextToSpeech.Synthesize`` asks for the file containing the method's
+    full name; protobuf's pool alone answers "Symbol not found" for methods."""
+    from google.protobuf import descriptor_pb2
+    from riva.client.proto import riva_tts_pb2
+
+    methods = [f"{svc.full_name}.{m.name}" for svc in (tts_pb2.DESCRIPTOR.services_by_name["TextToSpeech"],
+                                                        riva_tts_pb2.DESCRIPTOR.services_by_name["RivaSpeechSynthesis"])
+               for m in svc.methods]
+
+    async def go(stub, channel):
+        refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+
+        async def ask():
+            for name in [*methods, "lyre.v1.TextToSpeech.NoSuchMethod"]:
+                yield reflection_pb2.ServerReflectionRequest(file_containing_symbol=name)
+
+        return [a async for a in refl.ServerReflectionInfo(ask())]
+
+    *found, missing = call(server, go)
+    assert len(found) == len(methods) == 11  # 8 of lyre.v1, 3 of Riva
+    for name, answer in zip(methods, found, strict=True):
+        files = [descriptor_pb2.FileDescriptorProto.FromString(b) for b in answer.file_descriptor_response.file_descriptor_proto]
+        service, _, method = name.rpartition(".")
+        assert any(f"{f.package}.{s.name}" == service and method in {m.name for m in s.method}
+                   for f in files for s in f.service), name
+    assert missing.error_response.error_code == grpc.StatusCode.NOT_FOUND.value[0]
+
+
 @pytest.mark.parametrize(
     "request_, code",
     [

@@ -11,8 +11,10 @@ the next step.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
@@ -33,6 +35,32 @@ def _reflection_v1(reflector: reflection.aio.ReflectionServicer) -> grpc.Generic
         reflector.ServerReflectionInfo,
         request_deserializer=reflection_pb2.ServerReflectionRequest.FromString,
         response_serializer=reflection_pb2.ServerReflectionResponse.SerializeToString)})
+
+
+class MethodSymbols:
+    """The descriptor pool reflection reads, which also finds the file of a method by its full name
+    (``lyre.v1.TextToSpeech.Synthesize``: what ``grpcurl describe`` of a method asks for). protobuf's
+    upb pool finds services and messages by name but not methods (KeyError, "Symbol not found"):
+    a method's file is its service's."""
+
+    def __init__(self, pool: Any):
+        self._pool = pool
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+    def FindFileContainingSymbol(self, name: str) -> Any:  # noqa: N802 - the pool's own method name
+        try:
+            return self._pool.FindFileContainingSymbol(name)
+        except KeyError:
+            service, _, method = name.rpartition(".")
+            try:
+                found = self._pool.FindServiceByName(service)
+            except KeyError:
+                raise KeyError(name) from None
+            if method not in found.methods_by_name:
+                raise
+            return found.file
 
 
 def grpc_options(cfg: LyreConfig, max_connections: int = 0) -> list[tuple[str, int]]:
@@ -72,7 +100,7 @@ async def start_grpc(service: TTSService, inflight: InFlight, host: str, port: i
     health_pb2_grpc.add_HealthServicer_to_server(health, server)
     names = [tts.SERVICE_NAME, riva.SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME,
              REFLECTION_V1]
-    reflector = reflection.aio.ReflectionServicer(names)
+    reflector = reflection.aio.ReflectionServicer(names, pool=MethodSymbols(descriptor_pool.Default()))
     reflection_pb2_grpc.add_ServerReflectionServicer_to_server(reflector, server)
     server.add_generic_rpc_handlers((_reflection_v1(reflector),))
     bound = server.add_insecure_port(f"{host}:{port}")
