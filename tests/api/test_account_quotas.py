@@ -91,6 +91,9 @@ def test_metrics_need_an_operators_key(shared):
     denied = requests.get(shared.http + "/metrics", headers=auth("victim"), timeout=30)
     assert denied.status_code == 403 and "server.operator_accounts" in denied.json()["error"]["message"]
     assert requests.get(shared.http + "/metrics", headers=auth("ops"), timeout=30).status_code == 200
+    token = requests.post(shared.http + "/v1/auth/tokens", headers=auth("ops"), json={}, timeout=30).json()["token"]
+    as_token = requests.get(shared.http + "/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    assert as_token.status_code == 403  # an operator's client token (a page's) is not the operator's key
 
 
 def test_websocket_contexts_are_counted_over_all_of_an_accounts_sockets(shared):

@@ -259,11 +259,10 @@ async def openapi(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus' figures of every account: with several accounts, only for an operator account's key."""
     service = request.app[SERVICE]
-    if len(service.accounts.names) > 1:
-        account = service.accounts.account(request.headers.get("Authorization"))
-        if account is None or not service.sees_all(account):
-            return error_response(403 if account else 401, "/metrics shows every account's figures: it needs the key "
-                                  "of an account in server.operator_accounts", "authentication_error",
-                                  "forbidden" if account else "unauthorized")
+    account, grant = service.accounts.caller(request.headers.get("Authorization"))
+    if not service.sees_all(account or "") or (grant is not None and len(service.accounts.names) > 1):
+        return error_response(403 if account else 401, "/metrics shows every account's figures: it needs the key "
+                              "(not a client token) of an account in server.operator_accounts",
+                              "authentication_error", "forbidden" if account else "unauthorized")
     return web.Response(body=request.app[SERVICE].metrics.exposition(),
                         headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})

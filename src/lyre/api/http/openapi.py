@@ -343,9 +343,11 @@ def document() -> dict[str, Any]:
                                 "503": {"description": "the engine is not running",
                                         "headers": dict(_REQUEST_ID), "content": {"application/json": {
                                             "schema": {"$ref": "#/components/schemas/Health"}}}}}}},
-        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics",
+        "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics (with several accounts: an "
+                             "operator account's key)",
                              "responses": {"200": {"description": "the text exposition format",
-                                                   "headers": dict(_REQUEST_ID), "content": text}}}},
+                                                   "headers": dict(_REQUEST_ID), "content": text},
+                                           "401": _error(401)}}},
         "/openapi.json": {"get": {"operationId": "openapi", "summary": "This document",
                                   "responses": {"200": {"description": "OpenAPI 3.1",
                                                         "headers": dict(_REQUEST_ID),
