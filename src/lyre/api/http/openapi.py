@@ -329,20 +329,12 @@ def document() -> dict[str, Any]:
         "/v1/stats": {"get": _v1({"operationId": "getStats", "summary": "Scheduler, KV cache and engine figures",
                                   "responses": _json("the figures", "Stats", 401, 429)})},
         "/ready": {"get": {"operationId": "ready", "summary": "Readiness: send me new callers",
-                           "responses": {
-                               "200": {"description": "ready", "headers": dict(_REQUEST_ID), "content": {
-                                   "application/json": {"schema": {"$ref": "#/components/schemas/Ready"}}}},
-                               "503": {"description": "draining, admission full, or not running",
-                                       "headers": dict(_REQUEST_ID), "content": {"application/json": {
-                                           "schema": {"$ref": "#/components/schemas/Ready"}}}}}}},
+                           "responses": {**_json("ready", "Ready"),
+                                         **_json("draining, admission full, or not running", "Ready", status=503)}}},
         "/health": {"get": {"operationId": "health", "summary": "Liveness: the engine is loaded and running "
                             "(draining included)",
-                            "responses": {
-                                "200": {"description": "alive", "headers": dict(_REQUEST_ID), "content": {
-                                    "application/json": {"schema": {"$ref": "#/components/schemas/Health"}}}},
-                                "503": {"description": "the engine is not running",
-                                        "headers": dict(_REQUEST_ID), "content": {"application/json": {
-                                            "schema": {"$ref": "#/components/schemas/Health"}}}}}}},
+                            "responses": {**_json("alive", "Health"),
+                                          **_json("the engine is not running", "Health", status=503)}}},
         "/metrics": {"get": {"operationId": "metrics", "summary": "Prometheus metrics (with several accounts: an "
                              "operator account's key)",
                              "responses": {"200": {"description": "the text exposition format",
