@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document of the REST surface, served at ``GET /openapi.json``.
 
 Request bodies come from the pydantic models that validate them (:mod:`lyre.service.options`), so the
-document cannot drift from what is accepted; response bodies are described by the models below.
+document cannot drift from what is accepted; response bodies are described by the models of
+:mod:`lyre.api.http.schemas`.
 ``tests/api/http/test_openapi.py`` keeps the rest true: it checks the document against the OpenAPI 3.1
 schema, that every route the app serves is in it (and nothing else), and validates real responses
 of the running server (successes and every documented error) against it with ``openapi-core``.
@@ -11,161 +12,10 @@ from __future__ import annotations
 
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from lyre.api.http.schemas import SCHEMAS
 from lyre.audio.formats import CONTENT_TYPES
-from lyre.service.options import SpeechBody, TokenRequest, WsMessage
-
-
-class _Shape(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ErrorDetail(_Shape):
-    message: str = Field(description="what went wrong, in words")
-    type: str = Field(description="invalid_request_error, authentication_error, not_found_error, "
-                      "overloaded_error, service_unavailable, timeout_error or server_error")
-    code: str = Field(description="a stable code, e.g. unknown_voice, unsupported_format, too_many_connections")
-
-
-class Error(_Shape):
-    """Every error answer (OpenAI's form)."""
-
-    error: ErrorDetail
-
-
-class Voice(_Shape):
-    """A built-in voice, or one of the caller's cloned voices."""
-
-    id: str = Field(description="what a request passes as 'voice' (a built-in voice's id is its name)")
-    name: str
-    type: Literal["builtin", "cloned"]
-    aliases: list[str] | None = Field(None, description="built-in: other names for it (OpenAI's by default)")
-    created_at: str | None = Field(None, description="cloned: when it was enrolled (RFC 3339)")
-    transcript: str | None = Field(None, description="cloned: the words of the reference clip")
-    duration_s: float | None = Field(None, description="cloned: the reference clip's length")
-    reference_tokens: int | None = Field(None, description="cloned: Orpheus audio tokens of the reference clip")
-    audio_sha256: str | None = Field(None, description="cloned: sha256 of the stored (normalised FLAC) clip")
-    codec_id: str | None = Field(None, description="cloned: the SNAC weights its tokens were made with")
-    model_id: str | None = Field(None, description="cloned: the checkpoint served when it was enrolled")
-
-
-class VoiceList(_Shape):
-    voices: list[Voice]
-    default: str = Field(description="the voice used when a request names none")
-
-
-class ConsentRecord(_Shape):
-    granted: bool
-    speaker: str
-    source: Literal["self_recorded", "recorded_with_permission"]
-    statement: str | None
-    time: str = Field(description="when the voice was enrolled (RFC 3339, UTC)")
-    account: str = Field(description="the account that enrolled it")
-    address: str | None = Field(description="the client address it was enrolled from")
-    upload_sha256: str = Field(description="sha256 of the audio file as uploaded")
-
-
-class Consent(_Shape):
-    id: str
-    consent: ConsentRecord
-
-
-class Verification(_Shape):
-    """``POST /v1/audio/verify`` (or the raw file as the body)."""
-
-    audio: bytes = Field(description="the audio file to check: any format FFmpeg reads (wav, flac, mp3, ogg, ...)")
-
-
-class VerifyResult(_Shape):
-    watermarked: bool = Field(description="score >= threshold")
-    score: float = Field(description="correlation with Lyre's mark at the best lag, in standard deviations "
-                         "(unmarked audio: ~4-5)")
-    threshold: float = Field(description="watermark.threshold")
-    seconds: float = Field(description="the audio's duration (the first 600 s are checked)")
-
-
-class Enrollment(_Shape):
-    """``POST /v1/voices`` (multipart/form-data)."""
-
-    audio: bytes = Field(description="the reference recording: wav, flac, mp3, ogg/opus, ...; any sample rate, "
-                         "mono or stereo; 3-30 s (voices.min_seconds, max_seconds); at most voices.max_upload_bytes")
-    transcript: str = Field(description="the exact words spoken in the recording")
-    name: str = Field(description="1-64 printable characters, unique within the account")
-    consent: str = Field(description='JSON: {"granted": true, "speaker": "who is speaking", "source": '
-                         '"self_recorded" | "recorded_with_permission", "statement": "optional"}')
-
-
-class Model(_Shape):
-    id: str
-    object: str = Field(json_schema_extra={"const": "model"})
-    created: int
-    owned_by: str
-
-
-class ModelList(_Shape):
-    """OpenAI's form; any model name is accepted in requests."""
-
-    object: str = Field(json_schema_extra={"const": "list"})
-    data: list[Model]
-
-
-class SchedulerStats(BaseModel):
-    total_sessions: int
-    active_sessions: int
-    pending_sessions: int
-    max_concurrent: int
-
-
-class KvCacheStats(BaseModel):
-    used_slots: int
-    free_slots: int
-
-
-class Stats(BaseModel):
-    """Seed 004's snapshot; ``engine`` and ``codec`` hold backend-specific figures."""
-
-    scheduler: SchedulerStats
-    kv_cache: KvCacheStats
-    total_tokens: int
-    total_batches: int
-    engine: dict[str, Any] = Field(description="the backend ('torch' or 'trtllm') and its statistics")
-    codec: dict[str, Any] = Field(description="the codec's mode, runtime and counters")
-
-
-class Ready(_Shape):
-    ready: bool
-    reason: Literal["draining", "full", "unavailable", "audit_unavailable"] | None = Field(
-        description="why not (None when ready)")
-    active_sessions: int
-    pending_sessions: int
-    capacity: int = Field(description="KV slots (scheduler.max_concurrent_sessions)")
-    capacity_utilisation: float = Field(description="(active + pending) / capacity: 1 = every slot busy")
-
-
-class TokenGrant(_Shape):
-    """``POST /v1/auth/tokens``: a short-lived client token."""
-
-    token: str = Field(description="pass it as 'Authorization: Bearer <token>', or on the WebSocket as ?token= or "
-                       "the subprotocol 'lyre-token.<token>'")
-    expires_at: int = Field(description="UNIX seconds after which it starts no request or connection")
-    expires_in_s: float
-    account: str = Field(description="the account it acts for (the API key's)")
-    voices: list[str] | None = Field(description="the only voices it may speak; null: all the account's")
-    max_session_s: float | None = Field(description="how long a WebSocket it opens may stay open; null: no limit")
-
-
-class Health(_Shape):
-    status: str = Field(description="ok, draining or unavailable")
-    model: str | None = Field(description="where the checkpoint was loaded from")
-    demo: bool = Field(description="true on the demo checkpoint (random weights: its audio is noise)")
-
-
-SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enrollment, Verification, VerifyResult,
-                                         ModelList, Stats, Health, Ready, SpeechBody, WsMessage, TokenRequest,
-                                         TokenGrant)
 
 _REQUEST_ID = {"X-Request-Id": {"$ref": "#/components/headers/X-Request-Id"}}
 _ERRORS = {
