@@ -8,16 +8,27 @@ import base64
 import contextlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from lyre.api.access import Entry
 from lyre.api.common import classify, encode, error_body, finish
 from lyre.audio.formats import AudioEncoder
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SamplingOptions, WsMessage
 from lyre.service.utterance import Utterance
 
-if TYPE_CHECKING:
-    from lyre.api.http.ws import Socket
+
+class Socket(Protocol):
+    """What a context uses of its socket (:class:`lyre.api.http.ws.Socket`)."""
+
+    service: Any  # the TTSService
+    entry: Entry  # the socket's access-log line
+
+    def ended(self, ctx: Context) -> None: ...
+
+    def log_line(self, route: str, status: int, code: str | None, **fields: Any) -> Entry: ...
+
+    async def send(self, message: dict | bytes) -> None: ...
 
 # what a context's first message fixes (a later one may repeat them, never change them)
 SETTINGS = ("voice", "response_format", "format", "sample_rate", "bitrate", *SamplingOptions.model_fields)
