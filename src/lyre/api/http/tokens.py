@@ -31,6 +31,12 @@ async def mint_token(request: web.Request) -> web.Response:
                              headers={"Cache-Control": "no-store"})
 
 
+def token_protocol(request: web.Request) -> str | None:
+    """The WebSocket subprotocol offered that carries a token (``lyre-token.<token>``), if any."""
+    offered = (p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(","))
+    return next((p for p in offered if p.startswith(SUBPROTOCOL)), None)
+
+
 def url_token(request: web.Request) -> tuple[str | None, str | None]:
     """A WebSocket's token from its URL (``?token=``) or its subprotocols (``lyre-token.<token>``), as
     an Authorization value; or why it is refused (an API key there)."""
@@ -38,9 +44,8 @@ def url_token(request: web.Request) -> tuple[str | None, str | None]:
     if "api_key" in query or "key" in query:
         return None, NO_KEYS_IN_URLS
     token = query.get("token")
-    if token is None:
-        token = next((p.strip()[len(SUBPROTOCOL):] for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")
-                      if p.strip().startswith(SUBPROTOCOL)), None)
+    if token is None and (protocol := token_protocol(request)) is not None:
+        token = protocol[len(SUBPROTOCOL):]
     if token is None:
         return None, None
     if not looks_like_token(token):

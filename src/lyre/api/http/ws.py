@@ -46,13 +46,12 @@ from lyre.api.common import (
     json_object,
 )
 from lyre.api.http.shared import ACCESS, ACCESS_LOG, ACCOUNT, INFLIGHT, SERVICE, draining
-from lyre.api.http.tokens import GRANT
+from lyre.api.http.tokens import GRANT, token_protocol
 from lyre.api.http.ws_context import Context, feed, whole_text
 from lyre.audio.formats import AudioEncoder, AudioFormatError, check_bitrate, check_format
 from lyre.errors import InvalidRequest, LyreError, ServiceUnavailable
 from lyre.service.options import SamplingOptions, WsMessage, parse
 from lyre.service.tts import TTSService
-from lyre.trust.tokens import SUBPROTOCOL
 
 log = logging.getLogger("lyre.ws")
 
@@ -66,9 +65,9 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     # The handshake must name back one of the subprotocols a browser offered, else it drops the
     # socket: "lyre" when offered beside the token's ["lyre", "lyre-token.<token>"] (the token is then
     # not echoed), else the token's own.
-    offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",")]
+    with_token = token_protocol(request)
     ws = web.WebSocketResponse(heartbeat=None, max_msg_size=cfg.ws_max_message_bytes, compress=False,
-                               protocols=["lyre", *[p for p in offered if p.startswith(SUBPROTOCOL)][:1]])
+                               protocols=["lyre", *([with_token] if with_token else [])])
     await ws.prepare(request)
     socket = Socket(ws, service, request.app[INFLIGHT], request[ACCOUNT], request[ACCESS], request.app[ACCESS_LOG])
     grant = request.get(GRANT)
