@@ -13,7 +13,7 @@
 #
 # Idempotent: a second run with nothing changed only checks and takes seconds.
 # --with-test-services: also install the OS packages the test suite needs when missing (Debian's
-# postgresql and haproxy, with apt-get); the README's test command passes it.
+# postgresql, haproxy and chromium, with apt-get); the README's test command passes it.
 # Environment:
 #   PYTHON               interpreter to build .venv with (default: python3; must be 3.10-3.12)
 #   LYRE_TORCH_SPEC      torch requirement on CPU-only machines (default: torch==2.13.0)
@@ -44,11 +44,14 @@ done
 case "${LYRE_INSTALLER:-uv}" in uv|pip) ;; *) fail "LYRE_INSTALLER must be uv or pip, not '${LYRE_INSTALLER}'" ;; esac
 
 # The test suite's OS packages: PostgreSQL (a throwaway cluster per run: the registry and audit trail
-# on a real server) and HAProxy (replicas behind a real load balancer). Installed when missing.
+# on a real server), HAProxy (replicas behind a real load balancer) and Chromium (the playground page
+# in a real headless browser, driven by Playwright: Debian's build, never one Playwright downloads).
+# Installed when missing.
 if [ "$with_services" = yes ]; then
   need=()
   if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then need+=(postgresql); fi
   if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then need+=(haproxy); fi
+  if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then need+=(chromium); fi
   if [ ${#need[@]} -gt 0 ]; then
     say "the tests need ${need[*]} (Debian packages): installing them with apt-get"
     sudo=()

@@ -35,6 +35,12 @@ class UnknownVoice(InvalidRequest):
     code = "unknown_voice"
 
 
+class UnknownConsent(InvalidRequest):
+    """A consent recording id that is not one of the account's (404, worded as for one never made)."""
+
+    code = "unknown_consent"
+
+
 class TextTooLong(InvalidRequest):
     code = "text_too_long"
 
@@ -117,6 +123,18 @@ class TooManyVoices(LyreError):
     """The account holds voices.max_per_account voices (409)."""
 
     code = "too_many_voices"
+
+
+class TooManyConsents(TooManyVoices):
+    """The account holds voices.max_per_account consent recordings (409)."""
+
+    code = "too_many_consents"
+
+
+class ConsentInUse(LyreError):
+    """A consent recording that voices were created with: they go first (409)."""
+
+    code = "consent_in_use"
 
 
 class DatabaseError(LyreError):

@@ -5,6 +5,9 @@
 
 (``production_server.py`` in the repository runs the same.)
 
+GET / is the playground, a page to try the server from a browser (server.playground; on by
+default).
+
 GET /health is liveness (200 while the engine runs); GET /ready and the gRPC health of the
 synthesis services say "send me new callers" (503 / NOT_SERVING while admission is full or
 draining). On SIGINT/SIGTERM it stops accepting requests (/ready turns 503; idle WebSockets close

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lyre.api.access import add_audio
 from lyre.audio.formats import AudioEncoder, AudioFormatError
 from lyre.errors import (
+    ConsentInUse,
     ConsentRequired,
     DatabaseError,
     InvalidAudio,
@@ -31,6 +32,7 @@ from lyre.errors import (
     TextTooLong,
     TooManyConnections,
     TooManyVoices,
+    UnknownConsent,
     UnknownVoice,
     UnsupportedMediaType,
     UploadTooLarge,
@@ -52,7 +54,7 @@ class ErrorInfo:
 
 def classify(error: BaseException) -> ErrorInfo:
     """How a Lyre error maps to HTTP and gRPC status codes."""
-    if isinstance(error, UnknownVoice):
+    if isinstance(error, (UnknownVoice, UnknownConsent)):
         return ErrorInfo(404, "NOT_FOUND", "not_found_error")
     if isinstance(error, (TextTooLong, OutOfRange, AudioFormatError, InvalidAudio, ConsentRequired)):
         return ErrorInfo(422, "INVALID_ARGUMENT", "invalid_request_error")
@@ -65,6 +67,8 @@ def classify(error: BaseException) -> ErrorInfo:
     if isinstance(error, (VoiceExists, TooManyVoices)):
         return ErrorInfo(409, "ALREADY_EXISTS" if isinstance(error, VoiceExists) else "RESOURCE_EXHAUSTED",
                          "conflict_error")
+    if isinstance(error, ConsentInUse):
+        return ErrorInfo(409, "FAILED_PRECONDITION", "conflict_error")
     if isinstance(error, DatabaseError):
         return ErrorInfo(503, "UNAVAILABLE", "service_unavailable")
     if isinstance(error, InvalidRequest):

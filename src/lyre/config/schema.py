@@ -188,6 +188,8 @@ class ServerConfig(Section):
     # origins of the web pages that may call this server from a browser (CORS), e.g.
     # [https://app.example.com]; "*": any page (keyless server only)
     cors_origins: Names = ()
+    # the playground page at / (lyre.api.http.playground): type text, pick a voice, hear it streamed
+    playground: bool = True
     # limits a public server needs (each refused with a clear error)
     max_pending_text_chars: int = Field(10000, ge=1, le=10_000_000)  # text of an utterance waiting to be spoken
     # one request's whole text (REST input, gRPC/Riva Synthesize): past the profile's max_text_chars

@@ -187,3 +187,10 @@ def parse(model: type[M], data: Mapping[str, Any]) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise request_error(model, e.errors(include_url=False)[0]) from None
+class ConsentRename(_Options):
+    """The JSON body of ``POST /v1/audio/voice_consents/{consent_id}`` (OpenAI's ``voice_consents.update``)."""
+
+    name: str = Field(min_length=1, max_length=64, description="the consent recording's new label: 1-64 printable "
+                      "characters")
+
+

@@ -43,6 +43,7 @@ from lyre.errors import (
 )
 from lyre.model import checkpoint, orpheus
 from lyre.service import runtime, upkeep
+from lyre.service.consents import Consents
 from lyre.service.options import SynthesisRequest, parse
 from lyre.service.stream import Audio, SpeechStream
 from lyre.service.text import MAX_SEGMENT_CHARS, split_text
@@ -76,6 +77,7 @@ class TTSService:
         self.tokenizer: Any = None
         self.backend: Any = None  # BackendChoice once loaded
         self.voices = Voices(config)  # cloned voices (the registry opens with the service)
+        self.consents = Consents(self.voices)  # consent recordings (OpenAI's voice consents)
         self._sweeper: asyncio.Task | None = None
         self._beat: asyncio.Task | None = None
         self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started

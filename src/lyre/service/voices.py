@@ -99,10 +99,13 @@ class Voices:
     # --- enrollment -----------------------------------------------------------------------------
 
     async def enroll(self, audio: bytes, *, name: Any, transcript: Any, consent: Mapping[str, Any] | None,
-                     account: str = DEFAULT_ACCOUNT, address: str | None = None) -> Voice:
+                     account: str = DEFAULT_ACCOUNT, address: str | None = None, consent_id: str | None = None
+                     ) -> Voice:
         """A new cloned voice of ``account`` from a reference recording and its exact transcript.
         Raises ConsentRequired, InvalidAudio, UploadTooLarge, InvalidRequest, VoiceExists,
-        TooManyVoices; nothing is stored unless it succeeds."""
+        TooManyVoices; nothing is stored unless it succeeds. ``consent_id``: the account's consent
+        recording the voice is created with (:meth:`lyre.service.consents.Consents.enroll`), named
+        in its record; UnknownConsent once it is gone."""
         registry = self._registry()
         record = check_consent(consent)
         name = check_name(name)
@@ -123,10 +126,12 @@ class Voices:
                                f"{self.max_reference_tokens / orpheus.TOKENS_PER_SECOND * 0.9:.0f} s at most")
         record.update(time=datetime.now(timezone.utc).isoformat(), account=account, address=address,
                       upload_sha256=clip.upload_sha256)
+        if consent_id is not None:
+            record["consent_id"] = consent_id
         voice = await asyncio.to_thread(
             registry.add, name=name, owner=account, transcript=transcript, audio_flac=clip.flac,
             audio_sha256=clip.flac_sha256, duration_s=clip.seconds, ref_token_ids=tokens, codec_id=self.codec_id,
-            model_id=self.model_id, consent=record)
+            model_id=self.model_id, consent=record, consent_id=consent_id)
         log.info("voice %s enrolled by account %s (%.1f s, %d reference tokens)", voice.id, account, clip.seconds,
                  len(tokens))
         return voice

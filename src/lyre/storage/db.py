@@ -41,7 +41,25 @@ voices = sa.Table(
     sa.Column("codec_id", sa.String(512), nullable=False),  # the SNAC weights the tokens were made with
     sa.Column("model_id", sa.String(512), nullable=False),  # the checkpoint served at enrollment
     sa.Column("consent", sa.JSON, nullable=False),
+    # the consent recording (voice_consents) the voice was created with; null: a consent record in ``consent`` only
+    sa.Column("consent_id", sa.String(32), nullable=True, index=True),
     sa.UniqueConstraint("owner", "name", name="uq_voices_owner_name"),
+)
+
+# consent recordings (OpenAI's voice consents): the speaker saying they agree, kept as evidence; a
+# voice created with one names it (voices.consent_id), and it cannot be deleted while one does
+voice_consents = sa.Table(
+    "voice_consents", metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=False, index=True),
+    sa.Column("name", sa.String(128), nullable=False),  # the label given at upload
+    sa.Column("language", sa.String(64), nullable=False),  # BCP 47 tag of the consent phrase
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("audio_flac", sa.LargeBinary, nullable=False),  # the recording, normalised to 24 kHz like a voice's clip
+    sa.Column("audio_sha256", sa.String(64), nullable=False),
+    sa.Column("upload_sha256", sa.String(64), nullable=False),  # of the file as uploaded
+    sa.Column("duration_s", sa.Float, nullable=False),
+    sa.Column("address", sa.String(128), nullable=True),  # the client address it was uploaded from
 )
 
 audit = sa.Table(

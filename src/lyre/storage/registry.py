@@ -24,10 +24,18 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from lyre.errors import DatabaseError, InvalidRequest, TooManyVoices, UnknownVoice, VoiceExists
-from lyre.storage.db import voices
+from lyre.errors import (
+    DatabaseError,
+    InvalidRequest,
+    TooManyVoices,
+    UnknownConsent,
+    UnknownVoice,
+    VoiceExists,
+)
+from lyre.storage.db import voice_consents, voices
 
 ID_PATTERN = re.compile(r"v_[A-Za-z0-9_-]{16}")
+CONSENT_ID_PATTERN = re.compile(r"cons_[A-Za-z0-9_-]{16}")  # a consent recording's (lyre.storage.consents)
 MAX_NAME_CHARS = 64
 
 
@@ -46,6 +54,7 @@ class Voice:
     codec_id: str
     model_id: str
     consent: dict[str, Any]
+    consent_id: str | None = None  # the consent recording it was created with (lyre.storage.consents)
 
     def summary(self) -> dict[str, Any]:
         """What ``GET /v1/voices/{id}`` shows (no audio, no tokens, no consent details)."""
@@ -59,10 +68,11 @@ def new_id() -> str:
     return "v_" + secrets.token_urlsafe(12)
 
 
-def check_name(name: Any) -> str:
-    """A voice name: 1-64 characters after trimming, no control or format characters."""
+def check_name(name: Any, what: str = "a name for the voice") -> str:
+    """A voice name (or a consent recording's label: ``what``): 1-64 characters after trimming, no
+    control or format characters."""
     if not isinstance(name, str) or not name.strip():
-        raise InvalidRequest("'name' is required: a name for the voice (1-64 characters)")
+        raise InvalidRequest(f"'name' is required: {what} (1-64 characters)")
     name = name.strip()
     if len(name) > MAX_NAME_CHARS:
         raise InvalidRequest(f"'name' has {len(name)} characters; at most {MAX_NAME_CHARS}")
@@ -70,6 +80,13 @@ def check_name(name: Any) -> str:
     if bad is not None:
         raise InvalidRequest(f"'name' contains the control character U+{ord(bad):04X}; use printable characters")
     return name
+
+
+def unknown_consent(consent_id: Any) -> UnknownConsent:
+    """Another account's consent recording, a deleted one and an id not even well formed: one answer."""
+    shown = consent_id if isinstance(consent_id, str) and CONSENT_ID_PATTERN.fullmatch(consent_id) else "that id"
+    return UnknownConsent(f"no consent recording {shown!s} (consent recordings are visible only to the account "
+                          "that uploaded them)")
 
 
 def _unknown(voice_id: Any) -> UnknownVoice:
@@ -84,13 +101,15 @@ class VoiceRegistry:
 
     def add(self, *, name: str, owner: str, transcript: str, audio_flac: bytes, audio_sha256: str,
             duration_s: float, ref_token_ids: list[int], codec_id: str, model_id: str,
-            consent: dict[str, Any]) -> Voice:
+            consent: dict[str, Any], consent_id: str | None = None) -> Voice:
+        """A new voice of ``owner``; with ``consent_id``, created with that consent recording of
+        ``owner``'s, which must still exist when the voice is stored (UnknownConsent otherwise)."""
         row = {"id": new_id(), "owner": owner, "name": check_name(name), "created_at": datetime.now(timezone.utc),
                "transcript": transcript, "audio_flac": audio_flac, "audio_sha256": audio_sha256,
                "duration_s": duration_s, "ref_token_ids": list(ref_token_ids), "codec_id": codec_id,
-               "model_id": model_id, "consent": consent}
+               "model_id": model_id, "consent": consent, "consent_id": consent_id}
         try:
-            with _database(), self.engine.begin() as c:
+            with database_errors(), self.engine.begin() as c:
                 if c.dialect.name == "postgresql":  # one enrollment of an account at a time
                     c.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": owner})
                 # insert, then count within the same transaction (SQLite holds its write lock from the
@@ -100,6 +119,8 @@ class VoiceRegistry:
                 if held > self.max_per_account:
                     raise TooManyVoices(f"this account holds {held - 1} cloned voices, the most allowed "
                                         f"(voices.max_per_account); delete one first")
+                if consent_id is not None:
+                    _hold_consent(c, consent_id, owner)
         except sa.exc.IntegrityError:
             raise VoiceExists(f"this account already has a voice named {row['name']!r}; choose another name or "
                               "delete that voice first") from None
@@ -108,27 +129,27 @@ class VoiceRegistry:
     def get(self, voice_id: Any, account: str) -> Voice:
         if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id):
             raise _unknown(voice_id)
-        with _database(), self.engine.connect() as c:
+        with database_errors(), self.engine.connect() as c:
             row = c.execute(sa.select(*_COLUMNS).where(voices.c.id == voice_id, voices.c.owner == account)).mappings().first()
         if row is None:
             raise _unknown(voice_id)
         return _voice(row)
 
     def list(self, account: str) -> list[Voice]:
-        with _database(), self.engine.connect() as c:
+        with database_errors(), self.engine.connect() as c:
             rows = c.execute(sa.select(*_COLUMNS).where(voices.c.owner == account).order_by(voices.c.created_at))
             return [_voice(r) for r in rows.mappings()]
 
     def audio(self, voice_id: str, account: str) -> bytes:
         """The reference clip as FLAC."""
         self.get(voice_id, account)
-        with _database(), self.engine.connect() as c:
+        with database_errors(), self.engine.connect() as c:
             return c.execute(sa.select(voices.c.audio_flac).where(voices.c.id == voice_id)).scalar_one()
 
     def delete(self, voice_id: Any, account: str) -> None:
         if not isinstance(voice_id, str) or not ID_PATTERN.fullmatch(voice_id):
             raise _unknown(voice_id)
-        with _database(), self.engine.begin() as c:
+        with database_errors(), self.engine.begin() as c:
             gone = c.execute(voices.delete().where(voices.c.id == voice_id, voices.c.owner == account)).rowcount
         if not gone:
             raise _unknown(voice_id)
@@ -136,12 +157,12 @@ class VoiceRegistry:
 
     def existing(self, voice_ids: set[str]) -> set[str]:
         """Which of ``voice_ids`` still exist (in any account)."""
-        with _database(), self.engine.connect() as c:
+        with database_errors(), self.engine.connect() as c:
             return set(c.execute(sa.select(voices.c.id).where(voices.c.id.in_(sorted(voice_ids)))).scalars())
 
 
 @contextlib.contextmanager
-def _database() -> Iterator[None]:
+def database_errors() -> Iterator[None]:
     """The database failing (locked too long, disk full, server gone) is a DatabaseError (503)."""
     try:
         yield
@@ -152,14 +173,28 @@ def _database() -> Iterator[None]:
         raise DatabaseError(f"the voices database cannot be used right now: {reason}") from None
 
 
+def _hold_consent(c: sa.Connection, consent_id: str, owner: str) -> None:
+    """The consent recording a voice is being stored with still exists, and stays until the voice's
+    transaction ends: PostgreSQL holds a share lock on its row (its deletion waits, then sees the
+    voice); SQLite's write lock, taken by the voice's insert, orders the two already."""
+    held = c.execute(sa.select(voice_consents.c.id).where(voice_consents.c.id == consent_id,
+                                                          voice_consents.c.owner == owner)
+                     .with_for_update(read=True)).first()
+    if held is None:
+        raise unknown_consent(consent_id)
+
+
 _COLUMNS = [c for c in voices.c if c.name != "audio_flac"]
 
 
+def in_utc(stored: datetime) -> datetime:
+    """A stored time, aware (SQLite gives back naive datetimes: they were stored in UTC)."""
+    return stored.replace(tzinfo=timezone.utc) if stored.tzinfo is None else stored
+
+
 def _voice(row: Any) -> Voice:
-    created = row["created_at"]
-    if created.tzinfo is None:  # SQLite gives back naive datetimes: they were stored in UTC
-        created = created.replace(tzinfo=timezone.utc)
+    created = in_utc(row["created_at"])
     return Voice(id=row["id"], name=row["name"], owner=row["owner"], created_at=created,
                  transcript=row["transcript"], audio_sha256=row["audio_sha256"], duration_s=row["duration_s"],
                  ref_token_ids=tuple(row["ref_token_ids"]), codec_id=row["codec_id"], model_id=row["model_id"],
-                 consent=dict(row["consent"]))
+                 consent=dict(row["consent"]), consent_id=row["consent_id"])

@@ -1,8 +1,10 @@
 """Browsers (CORS): pages on ``server.cors_origins`` may call it, their
 preflights are answered without a key, their answers (errors and streams too) name the origin and
 expose the headers a page reads; any other page is refused before any work, its "simple"
-``text/plain`` POST and its WebSocket handshake included. Real requests and a real WebSocket
-client against a real server, sending what a browser sends."""
+``text/plain`` POST and its WebSocket handshake included. A page the server served itself (the
+playground) reaches it unlisted where DNS rebinding cannot forge its origin: on a keyed server, or
+at an IP address or localhost. Real requests and a real WebSocket client against a real server,
+sending what a browser sends."""
 
 from __future__ import annotations
 
@@ -72,7 +74,7 @@ def test_any_other_page_is_refused_before_any_work_simple_requests_and_websocket
 def test_a_listed_page_opens_a_websocket_and_a_malformed_origin_is_only_refused(server):
     assert asyncio.run(_connect(server, PAGE)) == PAGE
     assert asyncio.run(_connect(server, PAGE.upper() + "/")) == PAGE.upper() + "/"  # (origins have no case)
-    for origin in ("http://[", "null", server.http):  # not listed (the server's own address neither): refused
+    for origin in ("http://[", "null", server.http.rsplit(":", 1)[0] + ":1"):  # not listed, not its own: refused
         r = requests.get(server.http + "/v1/voices", headers={**KEY, "Origin": origin}, timeout=30)
         assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", origin
 
@@ -86,10 +88,61 @@ def test_a_json_route_takes_only_a_json_body(server):
         assert r.headers["Access-Control-Allow-Origin"] == PAGE
 
 
-async def _connect(srv, origin: str) -> str:
+async def _connect(srv, origin: str) -> str | None:
     url = srv.http.replace("http://", "ws://") + "/v1/audio/stream"
     async with websockets.connect(url, origin=origin, additional_headers=KEY) as ws:
-        return ws.response.headers["Access-Control-Allow-Origin"]
+        return ws.response.headers.get("Access-Control-Allow-Origin")
+
+
+def test_a_page_the_server_served_itself_reaches_it_on_a_keyed_server_under_any_name(server):
+    """Its own origin (the playground's): a rebinding page under another name has no key."""
+    port = server.http.rsplit(":", 1)[1]
+    for host in (f"127.0.0.1:{port}", f"tts.example.org:{port}"):
+        own = {"Host": host, "Origin": f"http://{host}"}
+        r = requests.post(server.http + "/v1/auth/tokens", headers={**KEY, **own}, json={}, timeout=30)
+        assert r.status_code == 201, (host, r.text)
+        assert "Access-Control-Allow-Origin" not in r.headers  # (same-origin: nothing to allow)
+        assert requests.get(server.http + "/v1/voices", headers=own, timeout=30).status_code == 401  # no key
+        assert handshake(server, {**KEY, **own}).status_code == 101
+    assert asyncio.run(_connect(server, server.http)) is None  # a real client's handshake too
+
+
+@pytest.fixture(scope="module")
+def keyless():
+    with serve_in_process() as srv:
+        yield srv
+
+
+def test_a_page_the_keyless_server_served_reaches_it_only_at_an_address_or_localhost(keyless):
+    """On a keyless server its own origin is trusted only where DNS rebinding cannot forge it: an
+    attacker's page under its own name, pointed at this server, sends that name as Host and Origin."""
+    port = keyless.http.rsplit(":", 1)[1]
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "127.0.0.1"):
+        own = {"Host": host, "Origin": f"http://{host}"}
+        r = requests.post(keyless.http + SPEECH, headers=own, timeout=60,
+                          json={"input": "My own page.", "response_format": "pcm", "max_tokens": 14})
+        assert r.status_code == 200 and r.content, (host, r.text)
+        assert handshake(keyless, own).status_code == 101
+    before = keyless.stats()["total_tokens"]
+    rebound = f"evil.example:{port}"
+    for headers in ({"Host": rebound, "Origin": f"http://{rebound}"},  # DNS rebinding: refused
+                    {"Host": f"127.0.0.1:{port}", "Origin": "http://127.0.0.1:1"},  # another port: another origin
+                    {"Host": f"127.0.0.1:{port}", "Origin": f"https://127.0.0.1:{port}"}):  # another scheme
+        for r in (requests.post(keyless.http + SPEECH, headers={**headers, "Content-Type": "text/plain"},
+                                data='{"input": "Spend their capacity."}', timeout=30),
+                  handshake(keyless, headers)):
+            assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", headers
+    assert keyless.stats()["total_tokens"] == before  # no work done
+
+
+def handshake(srv, headers: dict) -> requests.Response:
+    """A WebSocket handshake with ``headers`` (Host among them, which a WebSocket client sets itself)."""
+    r = requests.get(srv.http + "/v1/audio/stream", timeout=30, stream=True, headers={
+        "Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==", **headers})
+    if r.status_code == 101:
+        r.close()  # (the socket is not used)
+    return r
 
 
 @pytest.mark.parametrize("overrides, message", [

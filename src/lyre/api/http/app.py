@@ -2,10 +2,13 @@
 audio; no model logic lives here.
 
 - ``POST /v1/audio/speech``: OpenAI's speech endpoint (:mod:`lyre.api.http.speech`).
-- voices (built-in and each account's cloned voices: :mod:`lyre.api.http.voices`), ``GET /v1/models``
+- voices (built-in and each account's cloned voices: :mod:`lyre.api.http.voices`; OpenAI's
+  ``/v1/audio/voices`` and ``/v1/audio/voice_consents``: :mod:`lyre.api.http.openai_voices`), ``GET /v1/models``
   (as OpenAI's), ``/v1/stats``, ``/health``, ``/metrics``, ``/openapi.json`` (the
   OpenAPI 3.1 document of all of these, :mod:`lyre.api.http.openapi`).
 - ``GET /v1/audio/stream``: the WebSocket (:mod:`lyre.api.http.ws`).
+- ``GET /``: the playground, a page to try the server from a browser (:mod:`lyre.api.http.playground`;
+  ``server.playground``).
 
 Every response carries ``X-Request-Id``: the client's, when it sent a sane one, else a new one.
 
@@ -26,7 +29,7 @@ from aiohttp import web
 
 from lyre.api.access import CURRENT, AccessLog, Entry, new_request_id, request_id
 from lyre.api.common import InFlight
-from lyre.api.http import verify, voices
+from lyre.api.http import openai_voices, playground, verify, voices
 from lyre.api.http.cors import Cors, cors_headers
 from lyre.api.http.openapi import document
 from lyre.api.http.shared import (
@@ -156,7 +159,7 @@ async def clients_middleware(request: web.Request, handler):
 def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     cfg = service.config.server
     access = AccessLog(cfg.access_log)
-    cors = Cors(cfg.cors_origins)
+    cors = Cors(cfg.cors_origins, keyed=service.accounts.required)
     app = web.Application(client_max_size=cfg.max_body_bytes,
                           middlewares=[access_middleware(access, service.accounts), cors.middleware, errors_middleware,
                                        auth_middleware(service.accounts), clients_middleware])
@@ -168,6 +171,7 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app.router.add_get(WEBSOCKET, websocket)
     app.router.add_post("/v1/auth/tokens", mint_token)
     voices.routes(app)
+    openai_voices.routes(app)  # OpenAI's audio.voices and audio.voice_consents
     verify.routes(app)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/v1/models/{model:.+}", model)  # (a checkpoint id holds a slash)
@@ -178,6 +182,8 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/openapi.json", openapi)
+    if cfg.playground:
+        playground.routes(app)
     return app
 
 

@@ -6,6 +6,16 @@ before any work is done, "simple" requests (a
 ``text/plain`` POST a page can send without a preflight) and WebSocket handshakes included. A
 request without ``Origin`` is no browser's cross-origin request: CORS does not apply to it.
 
+A page this server served itself (the playground at ``/``: :mod:`lyre.api.http.playground`) sends
+``Origin`` too, on its POSTs and its WebSocket. Such a same-origin request (``Origin`` equal to the
+request's own ``scheme://Host``) is served without being listed when that is safe against DNS
+rebinding, where an attacker's page, under the attacker's own name pointed at this server's
+address, looks same-origin: when the server has API keys (that page has no key), or when the
+``Host`` is an IP address or ``localhost`` (a rebinding page's ``Host`` is the attacker's name). A
+keyless server reached under a name (``http://tts.internal:8000``), or behind a proxy that ends TLS
+(the page's ``https`` origin against the proxied ``http`` request), needs that origin in
+``server.cors_origins``.
+
 Preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered here, before the API
 key is asked for (a browser sends none with them), with the methods the route accepts and the
 headers a client may send; allowed responses (errors and streams included) name the origin and
@@ -16,7 +26,10 @@ server's capacity, which a warning says at start.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import re
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -28,10 +41,12 @@ ALLOWED = web.RequestKey("cors_origin", str)  # the request's allowed (cross-)or
 REQUEST_HEADERS = ("Authorization", "Content-Type", "X-Request-Id")  # what a page may send
 EXPOSED = ("X-Request-Id", "Retry-After", "X-Sample-Rate", "Location")  # what a page may read
 MAX_AGE_S = 600  # how long a browser may keep a preflight's answer
+HOST = re.compile(r"([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?")  # a Host header a browser sends
 
 
 class Cors:
-    def __init__(self, origins: tuple[str, ...]):
+    def __init__(self, origins: tuple[str, ...], keyed: bool = False):
+        self.keyed = keyed  # the server has API keys (server.api_keys, server.api_key)
         self.everyone = "*" in origins
         self.origins = frozenset(o.rstrip("/").lower() for o in origins if o != "*")
         if self.everyone:
@@ -47,12 +62,22 @@ class Cors:
         if origin is None:
             return await handler(request)
         if not self.allows(origin):
+            if self.own_page(request, origin):
+                return await handler(request)  # (same-origin: no CORS headers needed)
             return error_response(403, f"origin {origin[:200]!r} is not allowed (server.cors_origins)",
                                   "invalid_request_error", "origin_not_allowed", headers={"Vary": "Origin"})
         request[ALLOWED] = origin
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return self._preflight(request, origin)
         return await handler(request)
+
+    def own_page(self, request: web.Request, origin: str) -> bool:
+        """Whether ``origin`` is the request's own ``scheme://Host`` and that is safe to trust: a
+        keyed server, or a ``Host`` that no DNS rebinding can put there (an IP address, ``localhost``)."""
+        host = request.headers.get("Host", "")
+        if not host or origin.rstrip("/").lower() != f"{request.scheme}://{host}".lower():
+            return False
+        return self.keyed or not_rebindable(host)
 
     def _preflight(self, request: web.Request, origin: str) -> web.Response:
         """The methods the route accepts (404 for no route: there is nothing to ask about)."""
@@ -68,6 +93,20 @@ class Cors:
             "Access-Control-Allow-Methods": ", ".join(methods),
             "Access-Control-Allow-Headers": ", ".join(REQUEST_HEADERS),
             "Access-Control-Max-Age": str(MAX_AGE_S)})
+
+
+def not_rebindable(host: str) -> bool:
+    """Whether a ``Host`` header's name is one DNS cannot point elsewhere: an IP address (v4, or v6
+    in brackets) or ``localhost``."""
+    if HOST.fullmatch(host) is None:  # (what a browser sends: a name or an address, and a port)
+        return False
+    try:
+        name = urlsplit("//" + host).hostname or ""
+        if name != "localhost":
+            ipaddress.ip_address(name)
+    except ValueError:  # (a name, or brackets around no IPv6 address)
+        return False
+    return True
 
 
 async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -6,6 +6,8 @@ document cannot drift from what is accepted; response bodies are described by th
 ``tests/api/http/test_openapi.py`` keeps the rest true: it checks the document against the OpenAPI 3.1
 schema, that every route the app serves is in it (and nothing else), and validates real responses
 of the running server (successes and every documented error) against it with ``openapi-core``.
+The playground's page and files (``GET /``, :mod:`lyre.api.http.playground`) are for people, not an
+API, and are left out (as FastAPI leaves out its docs pages).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ _ERRORS = {
          "server.api_keys, server.api_key)",
     403: "a browser request from a page whose origin is not allowed (server.cors_origins), or beyond the scope "
          "of the client token (a voice it may not speak; a token minting tokens)",
-    404: "unknown voice (another account's cloned voices are unknown too)",
-    409: "the account already has a voice of that name, or holds voices.max_per_account voices",
+    404: "unknown voice or consent recording (another account's are unknown too)",
+    409: "the account already has a voice of that name, or holds voices.max_per_account voices (or consent "
+         "recordings), or a consent recording that voices were created with is to be deleted",
     413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
     415: "a Content-Encoding other than identity (send the body unencoded), or a JSON route's body sent with "
          "another Content-Type",
@@ -84,6 +87,63 @@ def _voices() -> dict[str, Any]:
             "get": _v1({"operationId": "getConsent", "summary": "A cloned voice's consent record",
                         "parameters": _VOICE_ID, "responses": _json("the record", "Consent", 400, 401, 404, 429,
                                                                       503)}),
+        },
+    }
+
+
+def _openai_voices() -> dict[str, Any]:
+    """OpenAI's audio.voices and audio.voice_consents (:mod:`lyre.api.http.openai_voices`)."""
+    def form(schema: str, file: str) -> dict[str, Any]:
+        return {"required": True, "content": {"multipart/form-data": {
+            "schema": {"$ref": f"#/components/schemas/{schema}"},
+            "encoding": {file: {"contentType": "application/octet-stream, audio/*"}}}}}
+
+    page = [{"name": "after", "in": "query", "required": False, "schema": {"type": "string"},
+             "description": "the last id of the previous page"},
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}}]
+    consent_id = [{"name": "consent_id", "in": "path", "required": True, "schema": {"type": "string"},
+                   "description": "a consent recording's id (cons_ + 16 characters)"}]
+    voice_id = [{**_VOICE_ID[0], "description": "a cloned voice's id (v_ + 16 characters; a built-in voice's name: "
+                 "400)"}]
+    return {
+        "/v1/audio/voice_consents": {
+            "get": _v1({"operationId": "listVoiceConsents", "summary": "The caller's consent recordings, newest first "
+                        "(OpenAI's voice_consents.list)", "parameters": page,
+                        "responses": _json("a page of them", "VoiceConsentList", 400, 503)}),
+            "post": _v1({"operationId": "createVoiceConsent", "summary": "Upload a recording of the speaker's consent "
+                         "(OpenAI's voice_consents.create)", "requestBody": form("VoiceConsentUpload", "recording"),
+                         "responses": _json("the consent recording", "VoiceConsent", 400, 409, 413, 422, 503)}),
+        },
+        "/v1/audio/voice_consents/{consent_id}": {
+            "get": _v1({"operationId": "getVoiceConsent", "summary": "One consent recording", "parameters": consent_id,
+                        "responses": _json("the consent recording", "VoiceConsent", 404, 503)}),
+            "post": _v1({"operationId": "updateVoiceConsent", "summary": "A new label (OpenAI's "
+                         "voice_consents.update)", "parameters": consent_id, "requestBody": {
+                             "required": True, "content": {"application/json": {
+                                 "schema": {"$ref": "#/components/schemas/ConsentRename"}}}},
+                         "responses": _json("the consent recording", "VoiceConsent", 400, 404, 413, 503)}),
+            "delete": _v1({"operationId": "deleteVoiceConsent", "summary": "Delete a consent recording (409 while "
+                           "voices created with it exist)", "parameters": consent_id,
+                           "responses": _json("deleted", "VoiceConsentDeleted", 404, 409, 503)}),
+        },
+        "/v1/audio/voices": {
+            "get": _v1({"operationId": "listCustomVoices", "summary": "The caller's cloned voices in OpenAI's form, "
+                        "newest first (not in OpenAI's API)", "parameters": page,
+                        "responses": _json("a page of them", "AudioVoiceList", 400, 503)}),
+            "post": _v1({"operationId": "createCustomVoice", "summary": "Clone a voice from a sample and a consent "
+                         "recording (OpenAI's voices.create; Lyre also needs the transcript)",
+                         "requestBody": form("AudioVoiceUpload", "audio_sample"),
+                         "responses": _json("the new voice", "AudioVoice", 400, 404, 409, 413, 422, 503)}),
+        },
+        "/v1/audio/voices/{voice_id}": {
+            "get": _v1({"operationId": "getCustomVoice", "summary": "One cloned voice in OpenAI's form (not in "
+                        "OpenAI's API)", "parameters": voice_id,
+                        "responses": _json("the voice", "AudioVoice", 400, 404, 503)}),
+            "delete": _v1({"operationId": "deleteCustomVoice", "summary": "Delete a cloned voice, as DELETE "
+                           "/v1/voices/{voice_id} (its consent recording stays; OpenAI's voices.delete)",
+                           "parameters": voice_id,
+                           "responses": _json("deleted", "AudioVoiceDeleted", 400, 404, 503)}),
         },
     }
 
@@ -163,6 +223,7 @@ def document() -> dict[str, Any]:
                 "application/json": {"schema": {"$ref": "#/components/schemas/TokenRequest"}}}},
             "responses": _json("the token", "TokenGrant", 400, 401, 404, 422, status=201)})},
         **_voices(),
+        **_openai_voices(),
         "/v1/audio/verify": {"post": _v1({
             "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",
             "requestBody": {"required": True, "content": {

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lyre.service.options import SpeechBody, TokenRequest, WsMessage
+from lyre.service.options import ConsentRename, SpeechBody, TokenRequest, WsMessage
 
 
 class _Shape(BaseModel):
@@ -57,6 +57,8 @@ class ConsentRecord(_Shape):
     account: str = Field(description="the account that enrolled it")
     address: str | None = Field(description="the client address it was enrolled from")
     upload_sha256: str = Field(description="sha256 of the audio file as uploaded")
+    consent_id: str | None = Field(None, description="the consent recording (POST /v1/audio/voice_consents) the "
+                                   "voice was created with")
 
 
 class Consent(_Shape):
@@ -87,6 +89,78 @@ class Enrollment(_Shape):
     name: str = Field(description="1-64 printable characters, unique within the account")
     consent: str = Field(description='JSON: {"granted": true, "speaker": "who is speaking", "source": '
                          '"self_recorded" | "recorded_with_permission", "statement": "optional"}')
+
+
+class AudioVoice(_Shape):
+    """OpenAI's custom voice (``audio.voice``): one of the caller's cloned voices."""
+
+    id: str = Field(description="the voice's id: what a request passes as voice (or {\"id\": ...})")
+    object: Literal["audio.voice"]
+    created_at: int = Field(description="UNIX seconds")
+    name: str
+    type: Literal["audio_sample"] = Field(description="cloned from a recording (Lyre makes no 'prompt' voices)")
+
+
+class AudioVoiceList(_Shape):
+    """A cursor page, newest first (Lyre's: OpenAI's API lists no voices)."""
+
+    object: Literal["list"]
+    data: list[AudioVoice]
+    first_id: str | None
+    last_id: str | None = Field(description="pass it as 'after' for the next page")
+    has_more: bool
+
+
+class AudioVoiceDeleted(_Shape):
+    id: str
+    deleted: bool
+    object: Literal["audio.voice.deleted"]
+
+
+class AudioVoiceUpload(_Shape):
+    """``POST /v1/audio/voices`` (multipart/form-data): OpenAI's fields and Lyre's transcript."""
+
+    audio_sample: bytes = Field(description="the recording to clone, as for POST /v1/voices' audio: 3-30 s, at "
+                                "most voices.max_upload_bytes")
+    consent: str = Field(description="the id of the speaker's consent recording (cons_...)")
+    name: str = Field(description="1-64 printable characters, unique within the account")
+    transcript: str = Field(description="Lyre's: the exact words spoken in audio_sample (OpenAI's API takes none)")
+    type: Literal["audio_sample"] | None = Field(None, description="audio_sample (OpenAI's 'prompt' is refused)")
+
+
+class VoiceConsent(_Shape):
+    """OpenAI's voice consent (``audio.voice_consent``): a recording of the speaker's consent."""
+
+    id: str
+    object: Literal["audio.voice_consent"]
+    created_at: int = Field(description="UNIX seconds")
+    name: str = Field(description="its label")
+    language: str = Field(description="BCP 47 tag of the consent phrase's language")
+
+
+class VoiceConsentList(_Shape):
+    """A cursor page, newest first."""
+
+    object: Literal["list"]
+    data: list[VoiceConsent]
+    first_id: str | None
+    last_id: str | None = Field(description="pass it as 'after' for the next page")
+    has_more: bool
+
+
+class VoiceConsentDeleted(_Shape):
+    id: str
+    deleted: bool
+    object: Literal["audio.voice_consent"] = Field(description="as OpenAI's SDK reads it")
+
+
+class VoiceConsentUpload(_Shape):
+    """``POST /v1/audio/voice_consents`` (multipart/form-data)."""
+
+    recording: bytes = Field(description="the speaker saying they consent: any file FFmpeg reads, 3-30 s, at most "
+                             "voices.max_upload_bytes")
+    name: str = Field(description="a label: 1-64 printable characters")
+    language: str = Field(description="BCP 47 tag of the consent phrase's language, e.g. en-US")
 
 
 class Model(_Shape):
@@ -156,4 +230,6 @@ class Health(_Shape):
 
 SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enrollment, Verification, VerifyResult,
                                          ModelList, Stats, Health, Ready, SpeechBody, WsMessage, TokenRequest,
-                                         TokenGrant)
+                                         TokenGrant, AudioVoice, AudioVoiceList, AudioVoiceDeleted,
+                                         AudioVoiceUpload, VoiceConsent, VoiceConsentList, VoiceConsentDeleted,
+                                         VoiceConsentUpload, ConsentRename)

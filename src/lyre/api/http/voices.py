@@ -12,6 +12,7 @@ Another account's voice, a deleted one and a malformed id are all 404, worded th
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -22,6 +23,7 @@ from lyre.errors import InvalidRequest, UploadTooLarge
 from lyre.storage.registry import Voice
 
 FIELD_LIMITS = {"transcript": 64 * 1024, "name": 4 * 1024, "consent": 16 * 1024}
+USAGE = "send the enrollment as multipart/form-data with fields audio (a file), transcript, name and consent (JSON)"
 
 
 def routes(app: web.Application) -> None:
@@ -76,6 +78,8 @@ async def enroll(request: web.Request) -> web.Response:
     service, account = _ctx(request)
     with service.quotas.hold(account, "enrollments"):  # from the upload's start: one account's uploads are bounded
         form = await read_form(request, service.config.voices.max_upload_bytes)
+        if "audio" not in form:
+            raise InvalidRequest("the form field 'audio' (the reference recording) is required")
         consent: Any = form.get("consent")
         if consent is not None:
             consent = json_object(consent, "'consent'")
@@ -86,41 +90,43 @@ async def enroll(request: web.Request) -> web.Response:
     return web.json_response(voice.summary(), status=201, headers={"Location": f"/v1/voices/{voice.id}"})
 
 
-async def read_form(request: web.Request, max_audio_bytes: int) -> dict[str, Any]:
-    """The enrollment form: ``audio`` as bytes (at most ``max_audio_bytes``), the other fields as
-    text within their limits. Anything else is refused before it is read in full."""
+async def read_form(request: web.Request, max_audio_bytes: int, file: str = "audio",
+                    fields: Mapping[str, int] = FIELD_LIMITS, usage: str = USAGE) -> dict[str, Any]:
+    """A form of one audio ``file`` (bytes, at most ``max_audio_bytes``) and text ``fields`` (each
+    within its limit in bytes): the enrollment's by default. Anything else is refused before it is
+    read in full; ``usage`` says what to send instead of another body."""
     if not request.content_type.startswith("multipart/form-data"):
-        raise InvalidRequest("send the enrollment as multipart/form-data with fields audio (a file), transcript, "
-                             "name and consent (JSON)")
+        raise InvalidRequest(usage)
     form: dict[str, Any] = {}
+    names = [file, *fields]
     with multipart_errors():
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader) or part.name not in ("audio", *FIELD_LIMITS):
-                raise InvalidRequest(f"unknown form field {getattr(part, 'name', None)!r}; the fields are audio, "
-                                     "transcript, name and consent")
+            if not isinstance(part, BodyPartReader) or part.name not in names:
+                raise InvalidRequest(f"unknown form field {getattr(part, 'name', None)!r}; the fields are "
+                                     f"{', '.join(names[:-1])} and {names[-1]}")
             if part.name in form:
                 raise InvalidRequest(f"the form field {part.name!r} is given twice")
-            limit = max_audio_bytes if part.name == "audio" else FIELD_LIMITS[part.name]
-            data = await read_part(part, limit)
-            if part.name == "audio":
-                form["audio"] = data
+            limit = max_audio_bytes if part.name == file else fields[part.name]
+            data = await read_part(part, limit, is_file=part.name == file)
+            if part.name == file:
+                form[file] = data
             else:
                 try:
                     form[part.name] = data.decode("utf-8")
                 except UnicodeDecodeError:
                     raise InvalidRequest(f"the form field {part.name!r} is not UTF-8 text") from None
-    if "audio" not in form:
-        raise InvalidRequest("the form field 'audio' (the reference recording) is required")
     return form
 
 
-async def read_part(part: BodyPartReader, limit: int) -> bytes:
+async def read_part(part: BodyPartReader, limit: int, is_file: bool | None = None) -> bytes:
+    """The part's bytes, at most ``limit``: an audio file over it is UploadTooLarge (413), a text
+    field InvalidRequest (``is_file``: whether it is the file; by default, whether it is named audio)."""
     chunks, size = [], 0
     while chunk := await part.read_chunk(64 * 1024):
         size += len(chunk)
         if size > limit:
-            if part.name == "audio":
+            if is_file if is_file is not None else part.name == "audio":
                 raise UploadTooLarge(f"the audio file is larger than {limit} bytes (voices.max_upload_bytes)")
             raise InvalidRequest(f"the form field {part.name!r} is longer than {limit} bytes")
         chunks.append(chunk)
