@@ -40,3 +40,10 @@ def test_sentence_then_clause_then_word_boundaries():
 def test_default_limit_is_about_280():
     text = "This sentence is exactly forty-one chars. " * 20
     assert all(len(s) <= 280 for s in split_text(text)) and len(split_text(text)) == 4
+
+
+def test_closing_quotes_stay_with_their_sentence_when_long_text_is_split():
+    text = 'He said "stop now." Then he left. (Really!") Yes. ' * 12
+    segments = split_text(text, 100)
+    assert len(segments) > 1
+    assert " ".join(segments).split() == text.split()  # nothing dropped: every quote and bracket is spoken

@@ -16,7 +16,8 @@ import re
 MAX_SEGMENT_CHARS = 280
 
 _TAG = r"<[a-z]+>"
-_SENTENCE_END = re.compile(r"(?<=[.!?…])[\"')\]]*\s+")
+# spaces after a sentence end, its closing quotes or brackets staying with it
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?…])|(?<=[.!?…][\"')\]])|(?<=[.!?…][\"')\]]{2}))\s+")
 _CLAUSE_END = re.compile(r"(?<=[,;:—–])\s+")
 _SPACE = re.compile(r"\s+")
 
