@@ -123,6 +123,7 @@ class TTSService:
         if self.audit is not None:
             await asyncio.to_thread(self.audit.close)  # the rows still queued are written first
         self.voices.workers.close()
+        await asyncio.to_thread(self.voices.workers.join, 30.0)  # (a job running ends first: an upload's encode)
 
     @property
     def ready(self) -> bool:

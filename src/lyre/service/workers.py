@@ -49,8 +49,10 @@ class AudioWorkers:
         # account's job always finds a worker free of the first account's (a long encode)
         self._most_running = max(1, workers - 1)
         self._running: dict[str, int] = {}
-        for i in range(workers):
-            threading.Thread(target=self._work, name=f"lyre-audio-{i}", daemon=True).start()
+        self._threads = [threading.Thread(target=self._work, name=f"lyre-audio-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
 
     @contextlib.contextmanager
     def place(self) -> Iterator[None]:
@@ -121,6 +123,11 @@ class AudioWorkers:
                     if not self._running[account]:
                         del self._running[account]
                     self._ready.notify_all()
+
+    def join(self, timeout_s: float) -> None:
+        """After :meth:`close`: wait for the workers to end (a job running ends first), at most ``timeout_s``."""
+        for thread in self._threads:
+            thread.join(timeout_s)
 
     def close(self) -> None:
         with self._ready:
