@@ -205,3 +205,26 @@ def test_magpie_and_riva_names_resolve_to_lyre_voices(name, voice):
     from lyre.config import load_config
 
     assert load_config(None).riva.resolve_voice(name) == voice
+
+
+def test_talk_py_calls_against_a_keyed_server():
+    """NVIDIA's scripts/tts/talk.py, call for call, with ``--metadata authorization "Bearer <key>"``:
+    ``--list-voices`` asks for the config on the bare stub (no metadata: answered without a key), and
+    ``--text ... --stream`` (no --voice, 44.1 kHz, quality 20; this client's names for its arguments) and the unary form speak
+    with the key."""
+    with serve_in_process("server.api_key=s3cret-talk") as srv:
+        auth = riva.client.Auth(None, False, srv.grpc, [["authorization", "Bearer s3cret-talk"]])
+        service = riva.client.SpeechSynthesisService(auth)
+        config = service.stub.GetRivaSynthesisConfig(riva.client.proto.riva_tts_pb2.RivaSynthesisConfigRequest())
+        voices = [f"{m.parameters['voice_name']}.{v.split(':')[0]}" for m in config.model_config
+                  for v in m.parameters["subvoices"].split(",")]
+        assert "English-US.Female-1" in voices
+        streamed = b"".join(r.audio for r in service.synthesize_online(
+            "Hello from talk.py.", None, "en-US", sample_rate_hz=44100, zero_shot_audio_prompt_file=None, zero_shot_quality=20))
+        whole = service.synthesize("Hello from talk.py.", None, "en-US", sample_rate_hz=44100, zero_shot_audio_prompt_file=None,
+                                   zero_shot_quality=20).audio
+        assert abs(len(streamed) // 2 - samples_at(44100)) <= 2 and abs(len(whole) // 2 - samples_at(44100)) <= 2
+        keyless = riva.client.SpeechSynthesisService(riva.client.Auth(None, False, srv.grpc))
+        with pytest.raises(grpc.RpcError) as refused:
+            keyless.synthesize("No key.", None, "en-US", sample_rate_hz=44100)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
