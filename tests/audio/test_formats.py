@@ -181,6 +181,15 @@ def test_speed_changes_the_duration_and_keeps_the_pitch(speed):
     assert abs(dominant_hz(out, RATE) - 440) < 3
 
 
+@pytest.mark.parametrize("speed", [0.5, 0.75, 1.5, 2.0, 3.0])
+def test_a_first_chunk_comes_out_stretched_at_once(speed):
+    """The server's first chunk (3840 samples, 160 ms) gives audio at once, not with the next chunk:
+    speed != 1 starts as soon as speed 1 (the filter holds at most ~65 ms of input back)."""
+    encoder = AudioEncoder("pcm", speed=speed)
+    first = np.frombuffer(encoder.encode(speech_like(0.16)[:3840]), dtype="<i2")
+    assert len(first) >= (3840 - 0.065 * RATE * max(1.0, speed / 2)) / speed
+
+
 def test_speed_runs_before_resampling_and_encoding():
     pcm = sine(2.0)
     data = b"".join(encode(AudioEncoder("opus", 16000, speed=2.0), pcm))

@@ -150,6 +150,8 @@ class _Stretch:
     0.5-2.0 (beyond 2.0 a single atempo skips input instead of blending it). At the end, silence
     pushes out what atempo still holds, and the output is cut to the input's length / ``speed``."""
 
+    FRAME = 256  # input samples per filter frame (~11 ms): the first chunk's audio comes out with it
+
     def __init__(self, speed: float):
         import av.filter
 
@@ -183,12 +185,16 @@ class _Stretch:
         return stretched
 
     def _push(self, pcm: np.ndarray) -> None:
+        """``pcm`` in frames of at most FRAME samples: atempo gives out what a frame allows only when the
+        next one comes, so a whole chunk pushed as one frame would be held until the next chunk (a first
+        chunk's audio ~90 ms late)."""
         import av
 
-        if pcm.size:
-            frame = av.AudioFrame.from_ndarray(pcm[None, :], format="s16", layout="mono")
+        for at in range(0, pcm.size, _Stretch.FRAME):
+            part = pcm[at : at + _Stretch.FRAME]
+            frame = av.AudioFrame.from_ndarray(part[None, :], format="s16", layout="mono")
             frame.sample_rate, frame.pts, frame.time_base = SOURCE_RATE, self._pts, Fraction(1, SOURCE_RATE)
-            self._pts += pcm.size
+            self._pts += part.size
             self._graph.push(frame)
 
 
