@@ -18,6 +18,7 @@ LAYERS = {
     "lyre": 0,  # the package's face: __version__ and the library API, imported on first use
     "errors": 0,
     "v1": 0,  # generated gRPC stubs
+    "integrations": 0,  # client-side adapters (Pipecat): they speak to a server, they import none of it
     "model": 1,
     "config": 2,
     "engine": 3, "codec": 3, "audio": 3, "storage": 3,

@@ -50,6 +50,8 @@ class _BaselineStream:
         self._service, self._prompts, self._sampling = service, prompts, sampling
         self.session_id = f"b{next(service._ids)}"
         self.metrics: SessionMetrics | None = None
+        self.timeline = None  # (no timestamps: the peer places no text in its audio)
+        self.segment_texts: list[str] = []
         self._created = time.monotonic()
         self._done = False
         self._cancelled = False

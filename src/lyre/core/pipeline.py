@@ -250,7 +250,8 @@ class AudioPipeline:
             s.start_clock(now)
             if self.metrics is not None:
                 self.metrics.ttfb.observe(now - s.created)
-        ev = ChunkEvent(pcm=pcm, offset=s.audio_samples, index=s.chunks, late=late)
+        ev = ChunkEvent(pcm=pcm, offset=s.audio_samples, index=s.chunks, late=late, segment=s.current,
+                        segment_end=segment_end)
         if s.consumed_samples >= s.audio_samples:  # its client had read everything: this is new to wait for
             s.unread_since = now
         s.audio_samples += len(pcm)

@@ -43,6 +43,8 @@ class ChunkEvent:
     offset: int  # absolute sample offset of pcm[0] in the session's audio
     index: int  # 0, 1, 2, ...
     late: bool  # arrived after the listener had played all the audio before it
+    segment: int = 0  # which of the session's segments it is audio of
+    segment_end: bool = False  # the last of its segment (a segment whose last decode gave no audio has none)
 
 
 @dataclass
@@ -55,6 +57,7 @@ class DoneEvent:
 @dataclass
 class Segment:
     prompt_ids: list[int]
+    text: str = ""  # what it says (for timestamps)
     prefix_key: str | None = None  # a cloned voice's reference turn: the first prefix_len ids, kept by the engine
     prefix_len: int = 0
     parser: orpheus.AudioTokenParser = field(default_factory=orpheus.AudioTokenParser)

@@ -109,6 +109,11 @@ VoiceName = Annotated[Name | None, BeforeValidator(_voice_ref), WithJsonSchema({
                    "additionalProperties": False}, {"type": "null"}]})]
 
 
+# what timestamps a stream sends (lyre.service.timing.DETAILS): each piece's span; and its estimated
+# words (Cartesia's word_timestamps); and its characters' estimated times (ElevenLabs' alignment)
+Timestamps = Literal["pieces", "words", "chars"]
+
+
 class SpeechBody(SamplingOptions):
     """The JSON body of ``POST /v1/audio/speech`` (OpenAI's fields, then Lyre's)."""
 
@@ -129,6 +134,9 @@ class SpeechBody(SamplingOptions):
     stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default) or sse: "
                                                           "speech.audio.delta events, then speech.audio.done")
     instructions: Text | None = Field(None, description="accepted and ignored: Orpheus takes no style prompt")
+    timestamps: Timestamps | None = Field(None, description="with stream_format sse: a speech.audio.timestamps "
+                                          "event after each text piece's audio: pieces (its span), words (and its "
+                                          "estimated words), chars (and its characters' estimated times)")
     bitrate: int | None = Field(None, description="bits/s of mp3 (default 64000; 8000-320000, at most 160000 below "
                                 "32 kHz and 64000 below 16 kHz), aac (64000; 16000-320000) and opus (48000; "
                                 "6000-256000); no other format takes one")
@@ -152,6 +160,8 @@ class WsMessage(SamplingOptions):
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None
     bitrate: int | None = None  # of mp3, aac, opus (as SpeechBody's)
+    timestamps: Timestamps | None = None  # a {"type": "timestamps"} message after each text piece's audio
+    played_s: float | None = Field(None, ge=0.0, le=86400.0)  # with cancel: how much of the audio the client played
 
 
 class TokenRequest(_Options):
@@ -178,6 +188,13 @@ class Consent(_Options):
         None, description="free text, e.g. how and when consent was given")
 
 
+class ConsentRename(_Options):
+    """The JSON body of ``POST /v1/audio/voice_consents/{consent_id}`` (OpenAI's ``voice_consents.update``)."""
+
+    name: str = Field(min_length=1, max_length=64, description="the consent recording's new label: 1-64 printable "
+                      "characters")
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -187,10 +204,3 @@ def parse(model: type[M], data: Mapping[str, Any]) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise request_error(model, e.errors(include_url=False)[0]) from None
-class ConsentRename(_Options):
-    """The JSON body of ``POST /v1/audio/voice_consents/{consent_id}`` (OpenAI's ``voice_consents.update``)."""
-
-    name: str = Field(min_length=1, max_length=64, description="the consent recording's new label: 1-64 printable "
-                      "characters")
-
-

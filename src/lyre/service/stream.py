@@ -16,6 +16,7 @@ from lyre.core.session import CANCELLED, FINISHED, ChunkEvent, Session
 from lyre.core.stats import SessionMetrics
 from lyre.errors import ServiceUnavailable, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from lyre.model import orpheus
+from lyre.service.timing import Timeline
 
 if TYPE_CHECKING:
     from lyre.trust.audit import AuditEntry
@@ -29,6 +30,8 @@ class AudioChunk:
     index: int
     elapsed_ms: float  # request received -> this chunk delivered
     late: bool  # delivered after the audio before it had finished playing
+    segment: int = 0  # which of its synthesis' text segments it is audio of
+    segment_end: bool = False  # the last chunk of that segment
 
     @property
     def seconds(self) -> float:
@@ -80,14 +83,25 @@ class SpeechStream:
 
     Every chunk is watermarked (``mark``: the session's stateful watermarker, or None) and hashed
     into the audit entry; the stream that owns its entry records it when it ends (an utterance's
-    pieces share the utterance's entry, which the utterance records)."""
+    pieces share the utterance's entry, which the utterance records).
+
+    ``timeline`` places its text segments in its audio (:mod:`lyre.service.timing`; ``text``: the
+    caller's text, which its offsets refer to); an utterance's pieces have none (the utterance's own
+    timeline places them)."""
 
     def __init__(self, session: Session, events: asyncio.Queue, cancel: Callable[[], None],
                  audit: AuditEntry | None = None, owns_audit: bool = True,
-                 mark: Callable[[np.ndarray], np.ndarray] | None = None):
+                 mark: Callable[[np.ndarray], np.ndarray] | None = None, text: str | None = None):
         self._session, self._events, self._mark = session, events, mark
         self._audit = audit
         self.session_id = session.session_id
+        self.segment_texts = [seg.text for seg in session.segments]
+        self.timeline: Timeline | None = None
+        if text is not None:
+            self.timeline = Timeline()
+            self.timeline.add_text(text)
+            for i, piece in enumerate(self.segment_texts):
+                self.timeline.expect(i, piece)
         self.metrics: SessionMetrics | None = None
         self._ending = _Ending(cancel, audit, owns_audit)
         weakref.finalize(self, self._ending.abandon).atexit = False  # not at interpreter exit: nothing to free
@@ -113,9 +127,14 @@ class SpeechStream:
             if self._audit is not None:
                 await self._audit.recorded()  # no audio goes out before its audit row is written
                 self._audit.add_pcm(pcm)
+            if self.timeline is not None:
+                self.timeline.audio(ev.segment, len(pcm), ev.segment_end)
             return AudioChunk(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, offset_samples=ev.offset, index=ev.index,
-                              elapsed_ms=1000 * (time.monotonic() - self._session.created), late=ev.late)
+                              elapsed_ms=1000 * (time.monotonic() - self._session.created), late=ev.late,
+                              segment=ev.segment, segment_end=ev.segment_end)
         self.metrics = ev.metrics
+        if self.timeline is not None and ev.outcome == FINISHED:
+            self.timeline.finish()
         self._ending.end(ev.outcome, None if ev.outcome == FINISHED else ev.reason)
         if ev.outcome == FINISHED:
             raise StopAsyncIteration

@@ -201,7 +201,7 @@ class TTSService:
             raise ServiceUnavailable("the service is shutting down")
         audit.begin()  # admitted: its row is written now, before its first audio (an utterance's: at its first piece)
         return SpeechStream(session, events, lambda: self._cancel(session.session_id), audit, owns_audit,
-                            mark if mark is not None else self.marker())
+                            mark if mark is not None else self.marker(), text=text if owns_audit else None)
 
     async def synthesize(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
                          **sampling: Any) -> Audio:
@@ -320,10 +320,10 @@ class TTSService:
         key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
         try:
             if reference:  # a cloned voice: its reference turn, then the text (no voice name)
-                segments = [Segment(reference + orpheus.build_prompt_ids(self.tokenizer, p), prefix_key=key,
+                segments = [Segment(reference + orpheus.build_prompt_ids(self.tokenizer, p), text=p, prefix_key=key,
                                     prefix_len=len(reference)) for p in pieces]
             else:
-                segments = [Segment(orpheus.build_prompt_ids(self.tokenizer, p, voice)) for p in pieces]
+                segments = [Segment(orpheus.build_prompt_ids(self.tokenizer, p, voice), text=p) for p in pieces]
         except InvalidRequest:
             raise  # (ControlTokenInText: text that spells a control token)
         except ValueError as e:

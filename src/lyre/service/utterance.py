@@ -38,6 +38,7 @@ from lyre.errors import (
 )
 from lyre.model.orpheus import CONTROL_TAIL
 from lyre.service.text import SentenceStream
+from lyre.service.timing import Timeline
 
 if TYPE_CHECKING:
     from lyre.core.stats import SessionMetrics
@@ -90,6 +91,7 @@ class Utterance:
         self.ended = False  # no more text will come
         self.closed = False  # finished, failed or cancelled
         self.pieces: list[str] = []  # every piece handed to synthesis, in order
+        self.timeline = Timeline()  # where the pieces' segments are in the caller's text and in the audio
         self._samples = 0
         self._index = 0
         self.metrics = UtteranceMetrics(None, 0, 0, 0.0, 0, 0, 0)  # grows as each piece ends
@@ -133,6 +135,7 @@ class Utterance:
                 raise
         if self._audit is not None:
             self._audit.add_text(text)
+        self.timeline.add_text(text)
         self._tail = (self._tail + text)[-CONTROL_TAIL:]
         self._add(self._text.append(text))
 
@@ -230,6 +233,8 @@ class Utterance:
             self._queue.popleft()
             self._queued_chars -= len(piece)
             self._streams.append((stream, started_at))
+            for i, text in enumerate(stream.segment_texts):
+                self.timeline.expect((len(self.pieces), i), text)
             self.pieces.append(piece)
 
     # --- the consumer side ----------------------------------------------------------------------
@@ -260,12 +265,15 @@ class Utterance:
                     await self._changed.wait()
                     continue
                 stream, started_at = self._streams[0]
+                heard = self.metrics.pieces  # (the piece being heard)
                 try:
                     chunk = await stream.__anext__()
                 except StopAsyncIteration:
                     self._streams.popleft()
                     self._count(stream.metrics, started_at)
+                    self.timeline.through((heard, len(stream.segment_texts) - 1))
                     continue
+                self.timeline.audio((heard, chunk.segment), len(chunk.pcm), chunk.segment_end)
                 chunk = dataclasses.replace(chunk, offset_samples=self._samples, index=self._index)
                 self._samples += len(chunk.pcm)
                 self._index += 1

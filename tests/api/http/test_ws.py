@@ -78,7 +78,9 @@ def test_cancel_barge_in_stops_generation_and_frees_the_slot(server):
                     return data
 
     done = asyncio.run(go())
+    heard = done.pop("heard")
     assert done == {"done": True, "cancelled": True, "context_id": "talk"}
+    assert heard["sent_s"] > 0 and heard["pieces"] == []  # its one piece was still being spoken
     assert server.eventually_idle()["kv_cache"]["free_slots"] == 8
 
 

@@ -16,6 +16,7 @@ from lyre.audio.formats import AudioEncoder, check_format
 from lyre.core.stats import SessionMetrics
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SamplingOptions, parse
+from lyre.service.timing import Piece, Release, Timeline
 from lyre.service.utterance import Utterance, UtteranceMetrics
 
 try:
@@ -57,15 +58,38 @@ def _metrics(m: SessionMetrics | UtteranceMetrics | None) -> Any:
         pieces=getattr(m, "pieces", 1))
 
 
-class _Chunks:
-    """Numbers the AudioChunk messages of one call (sequence, offset at the output rate)."""
+def _timestamps(value: str) -> str | None:
+    if value not in ("", "pieces", "words"):
+        raise InvalidRequest(f"timestamps must be \"\" (none), \"pieces\" or \"words\", got {value[:40]!r}")
+    return value or None
 
-    def __init__(self, encoder: AudioEncoder):
+
+def _piece(piece: Piece, detail: str, rate: int) -> Any:
+    body = piece.as_dict(detail, sample_rate=rate)
+    words = body.pop("word_timestamps", None)
+    msg = tts_pb2.TextPiece(**body)
+    if words is not None:
+        msg.words.extend(tts_pb2.Word(word=w, start_s=a, end_s=b)
+                         for w, a, b in zip(words["words"], words["start"], words["end"], strict=True))
+    return msg
+
+
+class _Chunks:
+    """Numbers the AudioChunk messages of one call (sequence, offset at the output rate) and puts in each
+    the text pieces whose audio has ended (when the call asked for ``timestamps``)."""
+
+    def __init__(self, encoder: AudioEncoder, timeline: Timeline | None = None, detail: str | None = None):
         self.encoder, self.sequence, self.offset = encoder, 0, 0
+        self.stamps = Release(timeline, encoder.sample_rate) if timeline is not None else None
+        self.detail = detail
 
     def message(self, data: bytes, **extra: Any) -> Any:
         msg = tts_pb2.AudioChunk(audio=data, sequence=self.sequence, offset_samples=self.offset,
                                  sample_rate_hz=self.encoder.sample_rate, **extra)
+        if self.stamps is not None:
+            pieces = self.stamps.ready(self.encoder.samples_out, extra.get("final", False))
+            if self.detail is not None:
+                msg.pieces.extend(_piece(p, self.detail, self.encoder.sample_rate) for p in pieces)
         self.sequence += 1
         self.offset += len(data) // (2 if self.encoder.format == "pcm" else 1)
         add_audio(0.0, len(data))
@@ -91,11 +115,12 @@ class TextToSpeech(VoiceMethods, Servicer):
     async def SynthesizeStream(self, request, context) -> AsyncIterator[Any]:
         async with self._serving(context, request) as account:
             fmt, rate = _audio_format(request.audio)
+            _timestamps(request.timestamps)
             voice = await self.service.voices.resolve(request.voice or None, account)
             stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling))
             log.debug("SynthesizeStream: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate)
-            chunks = _Chunks(encoder)
+            chunks = _Chunks(encoder, stream.timeline, _timestamps(request.timestamps))
             try:
                 async for chunk in stream:
                     data = await encode(encoder, chunk.pcm)
@@ -115,10 +140,11 @@ class TextToSpeech(VoiceMethods, Servicer):
                 raise InvalidRequest("the first message must be a StreamingConfig")
             config = first.config
             fmt, rate = _audio_format(config.audio)
+            detail = _timestamps(config.timestamps)
             voice = await self.service.voices.resolve(config.voice or None, account)
             utterance = self.service.utterance(voice, account=account, protocol="grpc", **_sampling(config.sampling))
             encoder = AudioEncoder(fmt, rate)
-            chunks = _Chunks(encoder)
+            chunks = _Chunks(encoder, utterance.timeline, detail)
             reader = asyncio.get_running_loop().create_task(_read_text(request_iterator, utterance))
             async for data, last in utterance_audio(utterance, encoder, reader):
                 if last:

@@ -1,5 +1,6 @@
 """``POST /v1/audio/speech``: OpenAI's speech endpoint (``model``, ``input`` or ``text``, ``voice``,
-``response_format``, ``speed``, ``stream_format`` audio|sse, ``instructions`` accepted and ignored)
+``response_format``, ``speed``, ``stream_format`` audio|sse, ``instructions`` accepted and ignored;
+with sse, ``timestamps``: a ``speech.audio.timestamps`` event after each text piece's audio)
 plus ``sample_rate``, ``mulaw``/``alaw`` and sampling overrides (:class:`lyre.service.options.SpeechBody`).
 Audio streams from the first chunk, except FLAC, which is sent whole so that its header holds its
 length (libsndfile cannot read a FLAC file without it)."""
@@ -20,6 +21,7 @@ from lyre.audio.formats import AudioEncoder, check_bitrate, check_format
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SpeechBody, parse
 from lyre.service.stream import SpeechStream
+from lyre.service.timing import Release
 from lyre.service.utterance import Utterance
 
 log = logging.getLogger("lyre.http")
@@ -34,6 +36,9 @@ async def speech(request: web.Request) -> web.StreamResponse:
     text = body.input if body.input is not None else body.text
     if text is None:
         raise InvalidRequest("'input' is required")
+    if body.timestamps is not None and body.stream_format != "sse":
+        raise InvalidRequest("'timestamps' come as events of stream_format 'sse' (a plain audio response has no "
+                             "place for them)")
     fmt = body.response_format or ("mp3" if body.input is not None else "wav")
     check_bitrate(fmt, check_format(fmt, body.sample_rate), body.bitrate)  # refused before admission
     account = request[ACCOUNT]
@@ -83,11 +88,15 @@ async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: 
                    "X-Sample-Rate": str(encoder.sample_rate), "Cache-Control": "no-cache"}
         resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
+        stamps = Release(stream.timeline, encoder.sample_rate, encoder.speed) if stream.timeline is not None else None
         if first is not None:
             await _send(resp, await encode(encoder, first.pcm), sse)
+            await _timestamps(resp, stamps, body, encoder)
         async for chunk in stream:
             await _send(resp, await encode(encoder, chunk.pcm), sse)
+            await _timestamps(resp, stamps, body, encoder)
         await _send(resp, await finish(encoder), sse)
+        await _timestamps(resp, stamps, body, encoder, final=True)
         if sse:
             m = stream.metrics
             usage = {"input_tokens": m.prompt_tokens if m else 0, "output_tokens": m.tokens if m else 0}
@@ -125,6 +134,18 @@ async def _send(resp: web.StreamResponse, data: bytes, sse: bool) -> None:
         await _sse(resp, {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
     else:
         await resp.write(data)
+
+
+async def _timestamps(resp: web.StreamResponse, stamps: Release | None, body: SpeechBody, encoder: AudioEncoder,
+                      final: bool = False) -> None:
+    """A speech.audio.timestamps event for each text piece whose audio has been sent (its times at the
+    response's speed and sample rate)."""
+    if stamps is None:
+        return
+    for piece in stamps.ready(encoder.samples_out, final):
+        if body.timestamps is not None:
+            await _sse(resp, {"type": "speech.audio.timestamps",
+                              **piece.as_dict(body.timestamps, body.speed or 1.0, encoder.sample_rate)})
 
 
 async def _sse(resp: web.StreamResponse, event: dict) -> None:

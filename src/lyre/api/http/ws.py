@@ -8,7 +8,10 @@ Each message is one JSON object (:class:`lyre.service.options.WsMessage`):
 - with ``"context_id"``: several utterances on one socket, audio as
   ``{"type": "audio", "context_id", "sequence", "audio": base64}`` frames;
 - ``"append"`` adds text (spoken once a clause or sentence is complete), ``"flush"`` speaks what
-  has arrived, ``"end"`` ends the context after its audio, ``"cancel"`` stops it at once.
+  has arrived, ``"end"`` ends the context after its audio, ``"cancel"`` stops it at once and
+  answers with a "heard" report (``"played_s"``: what the client's player played);
+- ``"timestamps"`` (pieces | words | chars): a ``{"type": "timestamps"}`` message after each text
+  piece's audio (:mod:`lyre.service.timing`).
 
 Settings (voice, response_format/format, sample_rate, sampling) are fixed by a context's first
 message: a later message on the open context may repeat them (an alias of its voice included), and
@@ -32,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import OrderedDict
 from typing import Any
 
 from aiohttp import WSCloseCode, WSMsgType, web
@@ -56,6 +60,7 @@ from lyre.service.tts import TTSService
 log = logging.getLogger("lyre.ws")
 
 WEBSOCKET = "/v1/audio/stream"
+RECENT = 8  # ended contexts a cancel can still get a "heard" report of (the client may play long after)
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
@@ -98,6 +103,7 @@ class Socket:
         self.entry, self.access = entry, access  # the socket's access-log line (written at its close)
         entry.extra.update(messages=0, contexts=0)
         self.contexts: dict[str | None, Context] = {}
+        self.recent: OrderedDict[str | None, Context] = OrderedDict()  # the last RECENT ended, for a late cancel's report
         self.send_lock = asyncio.Lock()
         self.stopping = False  # close_all is ending every context (and closes the socket itself)
         self._closing: asyncio.Future | None = None  # the close when a client token's session is over
@@ -154,10 +160,17 @@ class Socket:
     async def apply(self, m: WsMessage) -> None:
         cid = m.context_id
         ctx = self.contexts.get(cid)
+        if m.played_s is not None and not m.cancel:
+            raise InvalidRequest("'played_s' goes with 'cancel': how much of the audio the client played")
         if m.cancel:
+            heard = {}
+            ended = self.recent.get(cid) if ctx is None else None  # a barge-in after all its audio was sent
+            if ctx is not None or ended is not None:
+                heard = {"heard": (ctx or ended).heard(m.played_s)}
             if ctx is not None:
                 await ctx.stop()
-            await self.send({"done": True, "cancelled": True, **({"context_id": cid} if cid is not None else {})})
+            await self.send({"done": True, "cancelled": True, **heard,
+                             **({"context_id": cid} if cid is not None else {})})
             return
         text, field = whole_text(m)
         if text is None and m.append is None and not m.flush and not m.end:
@@ -203,7 +216,7 @@ class Socket:
             raise
         cfg = self.service.config
         settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
-                    "sample_rate": rate, "bitrate": bitrate, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
+                    "sample_rate": rate, "bitrate": bitrate, "timestamps": m.timestamps, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append
         log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)
@@ -215,6 +228,10 @@ class Socket:
         ctx.release()  # its place in the account's accounts.max_ws_contexts
         if self.contexts.get(ctx.cid) is ctx:
             del self.contexts[ctx.cid]
+        self.recent[ctx.cid] = ctx
+        self.recent.move_to_end(ctx.cid)
+        while len(self.recent) > RECENT:
+            self.recent.popitem(last=False)
         if self.inflight.draining and not self.contexts and not self.stopping:
             self.on_drain()
 

@@ -15,6 +15,7 @@ from lyre.api.common import classify, encode, error_body, finish
 from lyre.audio.formats import AudioEncoder
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SamplingOptions, WsMessage
+from lyre.service.timing import Release
 from lyre.service.utterance import Utterance
 
 
@@ -31,7 +32,7 @@ class Socket(Protocol):
     async def send(self, message: dict | bytes) -> None: ...
 
 # what a context's first message fixes (a later one may repeat them, never change them)
-SETTINGS = ("voice", "response_format", "format", "sample_rate", "bitrate", *SamplingOptions.model_fields)
+SETTINGS = ("voice", "response_format", "format", "sample_rate", "bitrate", "timestamps", *SamplingOptions.model_fields)
 
 
 def feed(utterance: Utterance, m: WsMessage, text: str | None) -> None:
@@ -63,6 +64,7 @@ class Context:
         self.status, self.code, self.bytes = 499, "cancelled", 0  # how it ended: cancelled, until it is done
         self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
         self.sequence = 0
+        self.stamps = Release(utterance.timeline, encoder.sample_rate)  # pieces whose audio has been sent
         self.started = time.monotonic()
         self.task = asyncio.get_running_loop().create_task(self._pump())
         # whatever ends it (a cancel even before its first step, when _pump's finally never runs),
@@ -104,11 +106,20 @@ class Context:
             with contextlib.suppress(ConnectionResetError):
                 await self._json({"error": error_body(error)})
 
+    def heard(self, played_s: float | None) -> dict:
+        """The "heard" report of a cancel: the audio sent, what the client says it played, and the text
+        inside the lesser of the two (:meth:`lyre.service.timing.Timeline.heard`)."""
+        sent_s = self.encoder.samples_out / self.encoder.sample_rate
+        heard = self.utterance.timeline.heard(sent_s if played_s is None else min(sent_s, played_s))
+        return heard.as_dict(sent_s=round(sent_s, 6), played_s=played_s)
+
     async def _pump(self) -> None:
         try:
             async for chunk in self.utterance:
                 await self._audio(await encode(self.encoder, chunk.pcm))
+                await self._timestamps()
             await self._audio(await finish(self.encoder))
+            await self._timestamps(final=True)
             self.status, self.code = 200, None
             await self._json({"done": True, "metrics": self.utterance.metrics.as_dict()})
         except LyreError as e:
@@ -128,6 +139,15 @@ class Context:
             await self.socket.send({"type": "audio", "context_id": self.cid, "sequence": self.sequence,
                                     "audio": base64.b64encode(data).decode()})
         self.sequence += 1
+
+    async def _timestamps(self, final: bool = False) -> None:
+        """A message for each text piece whose audio has all been sent (when the context asked for them)."""
+        pieces = self.stamps.ready(self.encoder.samples_out, final)
+        detail = self.settings["timestamps"]
+        if detail is None:
+            return
+        for piece in pieces:
+            await self._json({"type": "timestamps", **piece.as_dict(detail, sample_rate=self.encoder.sample_rate)})
 
     async def _json(self, message: dict) -> None:
         if self.cid is not None:
