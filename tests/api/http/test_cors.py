@@ -135,6 +135,22 @@ def test_a_page_the_keyless_server_served_reaches_it_only_at_an_address_or_local
     assert keyless.stats()["total_tokens"] == before  # no work done
 
 
+def test_a_rebinding_pages_reads_of_a_keyless_server_are_refused_but_not_other_clients(keyless):
+    """A same-origin GET sends no Origin: a browser's (Sec-Fetch-Site) read of /v1/ under an unlisted
+    name is refused on a keyless server; at its address, or from a client that is no browser, it is served."""
+    port = keyless.http.rsplit(":", 1)[1]
+    browser = {"Sec-Fetch-Site": "same-origin", "Sec-Fetch-Mode": "cors"}
+    for path in ("/v1/voices", "/v1/audio/voice_consents"):
+        r = requests.get(keyless.http + path, timeout=30, headers={"Host": f"evil.example:{port}", **browser})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "origin_not_allowed", path
+        assert requests.get(keyless.http + path, timeout=30,
+                            headers={"Host": f"127.0.0.1:{port}", **browser}).status_code == 200
+        assert requests.get(keyless.http + path, timeout=30,  # a script or server: no Sec-Fetch headers
+                            headers={"Host": f"tts.internal:{port}"}).status_code == 200
+    page = requests.get(keyless.http + "/", timeout=30, headers={"Host": f"evil.example:{port}", **browser})
+    assert page.status_code == 200  # the page itself is no data: only the API is closed to it
+
+
 def handshake(srv, headers: dict) -> requests.Response:
     """A WebSocket handshake with ``headers`` (Host among them, which a WebSocket client sets itself)."""
     r = requests.get(srv.http + "/v1/audio/stream", timeout=30, stream=True, headers={

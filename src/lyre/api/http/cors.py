@@ -14,7 +14,10 @@ address, looks same-origin: when the server has API keys (that page has no key),
 ``Host`` is an IP address or ``localhost`` (a rebinding page's ``Host`` is the attacker's name). A
 keyless server reached under a name (``http://tts.internal:8000``), or behind a proxy that ends TLS
 (the page's ``https`` origin against the proxied ``http`` request), needs that origin in
-``server.cors_origins``.
+``server.cors_origins``. The same holds for a browser's reads of ``/v1/`` that carry no ``Origin``
+(a same-origin GET): on a keyless server, a request with ``Sec-Fetch-Site`` (every current browser
+sends it; other clients do not) under a ``Host`` name that is not listed is refused, so that a
+rebinding page cannot read the voices and consent records either.
 
 Preflights (``OPTIONS`` with ``Access-Control-Request-Method``) are answered here, before the API
 key is asked for (a browser sends none with them), with the methods the route accepts and the
@@ -60,6 +63,10 @@ class Cors:
     async def middleware(self, request: web.Request, handler):
         origin = request.headers.get("Origin")
         if origin is None:
+            if self.rebound_read(request):
+                return error_response(403, f"a browser's request under the name {request.host[:200]!r} (list "
+                                      f"'{request.scheme}://{request.host[:200]}' in server.cors_origins)",
+                                      "invalid_request_error", "origin_not_allowed")
             return await handler(request)
         if not self.allows(origin):
             if self.own_page(request, origin):
@@ -70,6 +77,17 @@ class Cors:
         if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
             return self._preflight(request, origin)
         return await handler(request)
+
+    def rebound_read(self, request: web.Request) -> bool:
+        """A browser's same-origin read of the API (a GET sends no ``Origin``) that DNS rebinding could have
+        made: on a keyless server, under a ``Host`` name that is not listed (a browser says it is one by
+        its ``Sec-Fetch-Site`` header; other clients send none). The page at ``/`` itself stays open."""
+        if self.keyed or self.everyone or "Sec-Fetch-Site" not in request.headers:
+            return False
+        if not request.path.startswith("/v1/"):
+            return False
+        host = request.headers.get("Host", "")
+        return not (not_rebindable(host) or self.allows(f"{request.scheme}://{host}"))
 
     def own_page(self, request: web.Request, origin: str) -> bool:
         """Whether ``origin`` is the request's own ``scheme://Host`` and that is safe to trust: a
