@@ -137,7 +137,7 @@ class VoiceRegistry:
 
     def list(self, account: str) -> list[Voice]:
         with database_errors(), self.engine.connect() as c:
-            rows = c.execute(sa.select(*_COLUMNS).where(voices.c.owner == account).order_by(voices.c.created_at))
+            rows = c.execute(sa.select(*_COLUMNS).where(voices.c.owner == account).order_by(voices.c.created_at, voices.c.id))
             return [_voice(r) for r in rows.mappings()]
 
     def audio(self, voice_id: str, account: str) -> bytes:
