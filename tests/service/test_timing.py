@@ -4,7 +4,7 @@ audio; estimated words; what a listener heard when it stopped (lyre.service.timi
 from __future__ import annotations
 
 from lyre.model.orpheus import SAMPLE_RATE
-from lyre.service.timing import Timeline
+from lyre.service.timing import KEPT, Timeline
 from tests.support.services import run, service
 
 
@@ -28,6 +28,29 @@ def test_pieces_are_found_in_the_callers_text_and_placed_in_the_audio():
     words = t.pieces[2].words()
     assert [w.text for w in words] == ["Fine."]  # the tag takes time but is no word
     assert t.pieces[2].start_s < words[0].start_s < words[0].end_s == t.pieces[2].end_s
+
+
+def test_long_runs_of_spaces_and_refused_pieces_never_lose_the_place_in_the_text():
+    text = "\n" * 70 + "Hello there." + " " * 100 + "Refused piece." + "\t" * 80 + "Next one."
+    t = Timeline()
+    t.add_text(text)
+    t.expect(0, "Hello there.")
+    t.skip("Refused piece.")  # never spoken: passed over
+    t.expect(1, "Next one.")
+    t.audio(0, 10, last=True)
+    t.audio(1, 10, last=True)
+    assert [text[p.start_char:p.end_char] for p in t.take()] == ["Hello there.", "Next one."]
+
+
+def test_a_long_stream_keeps_only_its_last_pieces_and_its_pace():
+    t = Timeline()
+    for i in range(KEPT + 10):
+        t.add_text(f"Piece {i}. ")
+        t.expect(i, f"Piece {i}.")
+        t.audio(i, 2400, last=True)
+    assert len(t.take()) == KEPT and len(t.pieces) == KEPT and t.pieces[-1].index == KEPT + 9
+    heard = t.heard(0.1 * (KEPT + 10))
+    assert heard.pieces[-1].text == f"Piece {KEPT + 9}." and len(heard.pieces) == KEPT
 
 
 def test_words_share_the_piece_by_syllables_and_never_leave_it():

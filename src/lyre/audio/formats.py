@@ -263,7 +263,6 @@ class AudioEncoder:
         self._held: list[bytes] | None = None if stream or fmt != "wav" else []
         self._codec = self._container = self._stream = self._sink = None
         self._pts = 0
-        self.samples_out = 0  # samples at sample_rate (after the tempo change) handed to the format so far
         self._mp3_info = stream and fmt == "mp3"  # our Info frame goes ahead of the first mp3 frame
         if fmt in ("mulaw", "alaw"):
             import av
@@ -309,7 +308,6 @@ class AudioEncoder:
                 pcm = np.clip(np.round(marked * 32768), -32768, 32767).astype(np.int16)
         if self._resampler is not None:
             pcm = self._resampler.resample_chunk(pcm, last=last)
-        self.samples_out += pcm.size
         body = self._encode(pcm)
         out, self._header = self._header + body, b""
         return out

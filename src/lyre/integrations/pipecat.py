@@ -14,8 +14,9 @@ turn's end ends the context. Lyre sends a ``timestamps`` message after each text
 its estimated words' start times from the start of the context's audio, which is what
 ``add_word_timestamps`` takes: Pipecat's output transport releases each word when its audio plays,
 and its assistant aggregator, on an interruption, records only the words released. The interruption
-cancels the Lyre context at once (its KV slot is freed); Lyre answers with a "heard" report (kept in
-``heard`` by context id, and passed to the ``on_heard`` event's handlers).
+cancels the Lyre context at once (its KV slot is freed); Lyre answers with its report of the audio it
+had *sent* (Pipecat knows what was played; the service does not), kept in ``heard`` for the last
+HEARD_KEPT contexts and passed to the ``on_heard`` event's handlers.
 
 Needs ``pip install 'lyre-tts[pipecat]'`` (pipecat-ai 1.14 or newer); nothing else of Lyre is
 imported, so it runs in the agent's process, not the server's.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -33,6 +35,8 @@ from pipecat.frames.frames import ErrorFrame, Frame, TTSAudioRawFrame, TTSStoppe
 from pipecat.services.settings import TTSSettings
 from pipecat.services.tts_service import WebsocketTTSService
 from websockets.protocol import State
+
+HEARD_KEPT = 64  # interrupted turns whose report is kept in LyreTTSService.heard
 
 
 class LyreTTSService(WebsocketTTSService):
@@ -52,7 +56,7 @@ class LyreTTSService(WebsocketTTSService):
         self._url, self._api_key, self._voice = url, api_key, voice
         self._options = dict(options or {})
         self._receive_task = None
-        self.heard: dict[str, dict] = {}  # context id -> Lyre's "heard" report of an interrupted turn
+        self.heard: OrderedDict[str, dict] = OrderedDict()  # context id -> Lyre's report of an interrupted turn
         self._register_event_handler("on_heard")  # (service, context id, report): a turn's report came
 
     def can_generate_metrics(self) -> bool:
@@ -142,6 +146,8 @@ class LyreTTSService(WebsocketTTSService):
         if msg.get("cancelled"):
             if "heard" in msg and ctx is not None:
                 self.heard[ctx] = msg["heard"]
+                while len(self.heard) > HEARD_KEPT:
+                    self.heard.popitem(last=False)
                 logger.debug(f"{self}: context {ctx} heard up to character {msg['heard']['end_char']}")
                 await self._call_event_handler("on_heard", ctx, msg["heard"])
             return

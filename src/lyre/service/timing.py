@@ -32,6 +32,7 @@ from lyre.model.orpheus import SAMPLE_RATE
 DETAILS = ("pieces", "words", "chars")  # what timestamps a client asks for, each adding to the one before
 LOOKAHEAD = 64  # how far past the last located character a piece's next character is looked for
 SECONDS_PER_CHAR = 0.065  # an unfinished piece's length, before any piece has finished (~15 characters/s)
+KEPT = 256  # finished pieces a timeline keeps (a heard report lists those wholly heard among them)
 
 _UNIT = re.compile(r"<[a-z]+>|\S+")  # a word, or an emotion tag
 _VOWELS = re.compile(r"[aeiouyà-ÿ]+", re.IGNORECASE)
@@ -139,26 +140,6 @@ def at_output(sample: int, sample_rate: int, speed: float = 1.0) -> int:
     return round(sample * sample_rate / SAMPLE_RATE / speed)
 
 
-class Release:
-    """Hands out a timeline's finished pieces once an output has passed their end: an encoder that
-    resamples or stretches holds some audio back, and a piece's timestamps never come before its audio."""
-
-    def __init__(self, timeline: Timeline, sample_rate: int = SAMPLE_RATE, speed: float = 1.0):
-        self.timeline, self.sample_rate, self.speed = timeline, sample_rate, speed
-        self._waiting: list[Piece] = []
-
-    def ready(self, samples_out: int, final: bool = False) -> list[Piece]:
-        """The pieces whose audio ends within the first ``samples_out`` of the output (all of them when it
-        is ``final``), in order, each once."""
-        self._waiting += self.timeline.take()
-        n = 0
-        while n < len(self._waiting) and (
-                final or at_output(self._waiting[n].end_sample, self.sample_rate, self.speed) <= samples_out):
-            n += 1
-        ready, self._waiting = self._waiting[:n], self._waiting[n:]
-        return ready
-
-
 @dataclass(frozen=True)
 class Heard:
     """What a listener heard of a stream: ``seconds`` of its audio."""
@@ -195,8 +176,11 @@ class Timeline:
         self._text = ""  # the caller's text not yet located
         self._base = 0  # offset of _text[0] in everything the caller sent
         self._expected: deque[_Pending] = deque()  # located, not finished (the first may have audio)
-        self._done: list[Piece] = []  # finished, in order
-        self._taken = 0
+        self._done: deque[Piece] = deque(maxlen=KEPT)  # finished, in order: the last KEPT of them
+        self._finished = 0  # pieces finished in all
+        self._taken = 0  # of them, handed out by take()
+        self._seconds = 0.0  # audio of every finished piece,
+        self._chars = 0  # and its characters (the pace of speech, for an unfinished piece's length)
         self._at = 0  # the end of the audio placed so far, in samples
 
     def add_text(self, text: str) -> None:
@@ -234,14 +218,18 @@ class Timeline:
             self._finish()
 
     def take(self) -> list[Piece]:
-        """The pieces finished since the last call."""
-        new = self._done[self._taken:]
-        self._taken = len(self._done)
+        """The pieces finished since the last call (at most the last KEPT)."""
+        new = list(self._done)[len(self._done) - min(len(self._done), self._finished - self._taken):]
+        self._taken = self._finished
         return new
+
+    def skip(self, text: str) -> None:
+        """A piece that will never be spoken (refused): its text is passed over."""
+        self._locate(text)
 
     @property
     def pieces(self) -> list[Piece]:
-        """Every finished piece."""
+        """The finished pieces (the last KEPT)."""
         return list(self._done)
 
     def heard(self, seconds: float) -> Heard:
@@ -255,7 +243,7 @@ class Timeline:
         length = None
         if stopped is None and self._expected and self._expected[0].start_sample is not None:
             p = self._expected[0]
-            stopped = Piece(len(self._done), p.text, p.start_char, p.end_char, p.start_sample, p.end_sample, p.units)
+            stopped = Piece(self._finished, p.text, p.start_char, p.end_char, p.start_sample, p.end_sample, p.units)
             length = max(stopped.end_s - stopped.start_s, self._pace() * len(p.text))
         words = []
         if stopped is not None and stopped.start_sample < limit:
@@ -266,14 +254,17 @@ class Timeline:
 
     def _pace(self) -> float:
         """Seconds per character of the pieces finished so far."""
-        chars = sum(len(p.text) for p in self._done)
-        return sum(p.end_s - p.start_s for p in self._done) / chars if chars else SECONDS_PER_CHAR
+        return self._seconds / self._chars if self._chars else SECONDS_PER_CHAR
 
     def _finish(self) -> None:
         p = self._expected.popleft()
         start = self._at if p.start_sample is None else p.start_sample
         end = max(start, p.end_sample)
-        self._done.append(Piece(len(self._done), p.text, p.start_char, p.end_char, start, end, p.units))
+        piece = Piece(self._finished, p.text, p.start_char, p.end_char, start, end, p.units)
+        self._done.append(piece)
+        self._finished += 1
+        self._seconds += piece.end_s - piece.start_s
+        self._chars += len(piece.text)
 
     def _locate(self, text: str) -> tuple[int, int, list[int]]:
         """Where ``text``'s characters are in the caller's text: each non-space character is looked for
@@ -281,7 +272,12 @@ class Timeline:
         to the last one found is used up. ``places``: each character's offset, -1 where not found."""
         places, pos = [], 0
         for ch in text:
-            found = -1 if ch.isspace() else self._text.find(ch, pos, pos + LOOKAHEAD)
+            if ch.isspace():
+                places.append(-1)
+                continue
+            while pos < len(self._text) and self._text[pos].isspace():  # (a run of spaces the splitting collapsed)
+                pos += 1
+            found = self._text.find(ch, pos, pos + LOOKAHEAD)
             places.append(self._base + found if found >= 0 else -1)
             if found >= 0:
                 pos = found + 1

@@ -229,6 +229,7 @@ class Utterance:
             except InvalidRequest:  # this piece can never run (e.g. max_tokens beyond its slot): the
                 self._queue.popleft()  # error is the answer, and the pieces after it are still spoken
                 self._queued_chars -= len(piece)
+                self.timeline.skip(piece)
                 raise
             self._queue.popleft()
             self._queued_chars -= len(piece)

@@ -16,7 +16,7 @@ from lyre.audio.formats import AudioEncoder, check_format
 from lyre.core.stats import SessionMetrics
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SamplingOptions, parse
-from lyre.service.timing import Piece, Release, Timeline
+from lyre.service.timing import Piece, Timeline
 from lyre.service.utterance import Utterance, UtteranceMetrics
 
 try:
@@ -80,14 +80,13 @@ class _Chunks:
 
     def __init__(self, encoder: AudioEncoder, timeline: Timeline | None = None, detail: str | None = None):
         self.encoder, self.sequence, self.offset = encoder, 0, 0
-        self.stamps = Release(timeline, encoder.sample_rate) if timeline is not None else None
-        self.detail = detail
+        self.timeline, self.detail = timeline, detail
 
     def message(self, data: bytes, **extra: Any) -> Any:
         msg = tts_pb2.AudioChunk(audio=data, sequence=self.sequence, offset_samples=self.offset,
                                  sample_rate_hz=self.encoder.sample_rate, **extra)
-        if self.stamps is not None:
-            pieces = self.stamps.ready(self.encoder.samples_out, extra.get("final", False))
+        if self.timeline is not None:
+            pieces = self.timeline.take()
             if self.detail is not None:
                 msg.pieces.extend(_piece(p, self.detail, self.encoder.sample_rate) for p in pieces)
         self.sequence += 1

@@ -21,7 +21,6 @@ from lyre.audio.formats import AudioEncoder, check_bitrate, check_format
 from lyre.errors import InvalidRequest, LyreError
 from lyre.service.options import SpeechBody, parse
 from lyre.service.stream import SpeechStream
-from lyre.service.timing import Release
 from lyre.service.utterance import Utterance
 
 log = logging.getLogger("lyre.http")
@@ -88,15 +87,14 @@ async def _respond(request: web.Request, stream: SpeechStream | Utterance, fmt: 
                    "X-Sample-Rate": str(encoder.sample_rate), "Cache-Control": "no-cache"}
         resp = web.StreamResponse(headers=headers)
         await resp.prepare(request)
-        stamps = Release(stream.timeline, encoder.sample_rate, encoder.speed) if stream.timeline is not None else None
         if first is not None:
             await _send(resp, await encode(encoder, first.pcm), sse)
-            await _timestamps(resp, stamps, body, encoder)
+            await _timestamps(resp, stream, body, encoder)
         async for chunk in stream:
             await _send(resp, await encode(encoder, chunk.pcm), sse)
-            await _timestamps(resp, stamps, body, encoder)
+            await _timestamps(resp, stream, body, encoder)
         await _send(resp, await finish(encoder), sse)
-        await _timestamps(resp, stamps, body, encoder, final=True)
+        await _timestamps(resp, stream, body, encoder)  # (the last piece ends with the stream)
         if sse:
             m = stream.metrics
             usage = {"input_tokens": m.prompt_tokens if m else 0, "output_tokens": m.tokens if m else 0}
@@ -136,13 +134,13 @@ async def _send(resp: web.StreamResponse, data: bytes, sse: bool) -> None:
         await resp.write(data)
 
 
-async def _timestamps(resp: web.StreamResponse, stamps: Release | None, body: SpeechBody, encoder: AudioEncoder,
-                      final: bool = False) -> None:
-    """A speech.audio.timestamps event for each text piece whose audio has been sent (its times at the
-    response's speed and sample rate)."""
-    if stamps is None:
+async def _timestamps(resp: web.StreamResponse, stream: SpeechStream | Utterance, body: SpeechBody,
+                      encoder: AudioEncoder) -> None:
+    """A speech.audio.timestamps event for each text piece whose audio has been encoded and sent (its times
+    at the response's speed and sample rate)."""
+    if stream.timeline is None:
         return
-    for piece in stamps.ready(encoder.samples_out, final):
+    for piece in stream.timeline.take():
         if body.timestamps is not None:
             await _sse(resp, {"type": "speech.audio.timestamps",
                               **piece.as_dict(body.timestamps, body.speed or 1.0, encoder.sample_rate)})

@@ -14,8 +14,8 @@ from lyre.api.access import Entry
 from lyre.api.common import classify, encode, error_body, finish
 from lyre.audio.formats import AudioEncoder
 from lyre.errors import InvalidRequest, LyreError
+from lyre.model.orpheus import SAMPLE_RATE
 from lyre.service.options import SamplingOptions, WsMessage
-from lyre.service.timing import Release
 from lyre.service.utterance import Utterance
 
 
@@ -64,7 +64,7 @@ class Context:
         self.status, self.code, self.bytes = 499, "cancelled", 0  # how it ended: cancelled, until it is done
         self.settings = settings  # voice, response_format, sample_rate and sampling: fixed by the first message
         self.sequence = 0
-        self.stamps = Release(utterance.timeline, encoder.sample_rate)  # pieces whose audio has been sent
+        self.sent_samples = 0  # of the utterance's audio (24 kHz), sent to the socket
         self.started = time.monotonic()
         self.task = asyncio.get_running_loop().create_task(self._pump())
         # whatever ends it (a cancel even before its first step, when _pump's finally never runs),
@@ -109,7 +109,7 @@ class Context:
     def heard(self, played_s: float | None) -> dict:
         """The "heard" report of a cancel: the audio sent, what the client says it played, and the text
         inside the lesser of the two (:meth:`lyre.service.timing.Timeline.heard`)."""
-        sent_s = self.encoder.samples_out / self.encoder.sample_rate
+        sent_s = self.sent_samples / SAMPLE_RATE
         heard = self.utterance.timeline.heard(sent_s if played_s is None else min(sent_s, played_s))
         return heard.as_dict(sent_s=round(sent_s, 6), played_s=played_s)
 
@@ -117,9 +117,10 @@ class Context:
         try:
             async for chunk in self.utterance:
                 await self._audio(await encode(self.encoder, chunk.pcm))
+                self.sent_samples += len(chunk.pcm)
                 await self._timestamps()
             await self._audio(await finish(self.encoder))
-            await self._timestamps(final=True)
+            await self._timestamps()  # (the last piece ends with the utterance)
             self.status, self.code = 200, None
             await self._json({"done": True, "metrics": self.utterance.metrics.as_dict()})
         except LyreError as e:
@@ -140,9 +141,9 @@ class Context:
                                     "audio": base64.b64encode(data).decode()})
         self.sequence += 1
 
-    async def _timestamps(self, final: bool = False) -> None:
+    async def _timestamps(self) -> None:
         """A message for each text piece whose audio has all been sent (when the context asked for them)."""
-        pieces = self.stamps.ready(self.encoder.samples_out, final)
+        pieces = self.utterance.timeline.take()
         detail = self.settings["timestamps"]
         if detail is None:
             return
