@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--format", default="pcm", choices=FORMATS,
                       help="REST response_format (default pcm). Another format: TTFB is the first byte of the "
                            "encoded body, audio seconds come from decoding it, underruns are not measured")
+    load.add_argument("--speed", type=float, help="REST speed (0.25-4.0, OpenAI's parameter): TTFB and real time of "
+                                                 "time-stretched audio")
     load.add_argument("--api-key", help="Bearer token for a server that needs one")
     load.add_argument("--find-max", action="store_true", help="bisect for the largest concurrency meeting --slo")
     load.add_argument("--slo", default="success=1.0,ttfb_p95_ms=150,underruns=0",

@@ -248,6 +248,22 @@ def test_a_client_reading_at_half_speed_is_cut_off_when_it_falls_consumer_timeou
     assert 3.9 < clock() - slow.first_audio_at < 4.6  # it read 0.5 s per second of its clock: 2 s behind after ~4 s
 
 
+def test_a_listener_of_faster_speech_plays_at_its_tempo():
+    """A response at speed 1.5 is played 1.5 s of audio a second: its listener's clock runs so. A client
+    reading it at that pace is never cut; one reading at 1x falls 0.5 s behind a second and is cut
+    (a clock at 1x would never see it fall behind, nor how little audio the fast player holds)."""
+    for speed, cut in ((1.5, False), (1.0, True)):
+        sch, engine, clock, gate = make(capacity=2, tokens=7 * 300, consumer_timeout_s=2.0, max_buffer_s=1.0)
+        s, events = open_session(sch, gate, clock, "fast", reads=False)
+        s.tempo = 1.5
+        listen(sch, clock, s, seconds=60.0, speed=speed)
+        assert (done(events).reason == "slow_consumer") == cut, speed
+        if cut:
+            assert clock() - s.first_audio_at < 8.0  # 2 s behind after ~4 s (and the server's buffer)
+        else:
+            assert done(events).outcome == "finished" and s.late_chunks == 0
+
+
 def test_a_client_that_read_ahead_may_pause():
     sch, engine, clock, gate = make(capacity=2, tokens=7 * 150, consumer_timeout_s=2.0, max_buffer_s=1.0)
     s, events = open_session(sch, gate, clock, "reader", reads=False)

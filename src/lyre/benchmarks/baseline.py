@@ -119,9 +119,9 @@ class TransformersBaseline(TTSService):
         return getattr(self, "_running", False)
 
     def stream(self, text: str, voice: str | None = None, *, account: str = "default", protocol: str = "library",
-               audit: Any = None, mark: Any = None, **sampling: Any) -> _BaselineStream:
+               audit: Any = None, mark: Any = None, tempo: float = 1.0, **sampling: Any) -> _BaselineStream:
         """(Built-in voices only; nothing is audited or watermarked: the peer has no registry, audit trail
-        or watermark, as the servers it stands for.)"""
+        or watermark, as the servers it stands for; it paces nothing, so ``tempo`` means nothing to it.)"""
         segments, params = self._prepare(text, self._voice(voice, account), sampling)
         self.total_sessions += 1
         return _BaselineStream(self, [s.prompt_ids for s in segments], params.__dict__)

@@ -46,6 +46,10 @@ def server_for(args, overrides: tuple[str, ...] = (), baseline: str | None = Non
 
 def _target(args, http: str, grpc: str, voice: str | None = None) -> Target:
     extra = {"max_tokens": args.max_tokens} if args.max_tokens else {}
+    if getattr(args, "speed", None) is not None:
+        if args.protocol != "rest":
+            raise SystemExit("--speed is for --protocol rest (speed is OpenAI's REST parameter)")
+        extra["speed"] = args.speed
     replicas = [u.strip().rstrip("/") for u in (args.replica_urls or "").split(",") if u.strip()]
     return Target(args.protocol, http, grpc, voice, extra, args.api_key, args.format, replicas)
 

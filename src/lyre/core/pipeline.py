@@ -80,7 +80,7 @@ class AudioPipeline:
         """The chunk size for ``s``: the smallest while its listener holds little audio, doubling up to
         ``max_chunk_frames`` while a chunk is at most half of what it holds."""
         c, limit = self.settings.every_flush_frames, self.settings.max_chunk_frames
-        held = s.slack(now) / FRAME_S  # frames the listener holds
+        held = s.slack(now) * s.tempo / FRAME_S  # frames the listener holds
         while c * 2 <= limit and c * 2 <= held / 2:
             c *= 2
         return c
@@ -115,7 +115,7 @@ class AudioPipeline:
                 return True
             first = stream.frames_received * orpheus.SAMPLES_PER_FRAME - self.settings.holdback
             wait = (stream.frames_to_exact(first) + 1) * frame_s + self.round_s
-            return first / orpheus.SAMPLE_RATE >= wait
+            return first / orpheus.SAMPLE_RATE / s.tempo >= wait  # (played tempo times faster)
         if frame_s is None or slack < frame_s + self.round_s:
             return True
         last_chance = stream.frames_received >= self.settings.warmup_frames

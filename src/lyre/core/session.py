@@ -9,7 +9,8 @@ player: ``played_s`` advances with time but, like a player that waits when its b
 not past the audio delivered — unless the session is *throttled* (it stopped generating because
 its client left too much audio unread): then the wait is the client's, and its clock runs on, by at
 most :data:`MAX_RUN_ON_S` between two ticks (the engine thread ticks every step: a longer gap is the
-server's lateness, which a listener never pays for). While the event loop that writes audio to the
+server's lateness, which a listener never pays for). A listener whose audio is time-stretched (a
+response's ``speed``) plays ``tempo`` seconds of it a second. While the event loop that writes audio to the
 clients is late (a starved process), the clock pauses altogether. Slack
 (audio delivered minus audio played) orders decoding and chunk sizes; how far the client's reads
 are behind ``played_s`` decides whether it is a slow consumer.
@@ -88,6 +89,7 @@ class Session:
     # a piece of an utterance: generated ahead while the piece before it is heard, so its listener
     # starts at its first read, not at its first chunk (until then it is no one's to be late for)
     listen_on_read: bool = False
+    tempo: float = 1.0  # the listener plays its audio this many times faster (a response's ``speed``)
     # delivery (audio pipeline)
     current: int = 0  # segment whose audio is being emitted
     first_audio_at: float | None = None
@@ -151,22 +153,24 @@ class Session:
         elif self.throttled:  # the client is the reason it waits: its clock runs on past the audio, but by at
             # most MAX_RUN_ON_S a tick: a longer gap between ticks is the server's own lateness (a long
             # step, a starved process), and through it the listener only plays what it has
-            self.played_s = max(self.played_s + min(dt, MAX_RUN_ON_S), min(self.played_s + dt, self.audio_seconds))
+            self.played_s = max(self.played_s + min(dt, MAX_RUN_ON_S) * self.tempo,
+                                min(self.played_s + dt * self.tempo, self.audio_seconds))
         else:  # a player waits for audio that is late (without forgetting what it waited for before)
-            self.played_s = max(self.played_s, min(self.played_s + dt, self.audio_seconds))
+            self.played_s = max(self.played_s, min(self.played_s + dt * self.tempo, self.audio_seconds))
         if self.consumed_samples != self._seen_consumed:
             self._seen_consumed = self.consumed_samples
             self.last_read_at = now
 
     def playing_at(self, now: float) -> float:
         """Seconds played by ``now`` if the listener had not run dry since the last tick."""
-        return self.played_s + (max(0.0, now - self.clock_at) if self.clock_at is not None else 0.0)
+        return self.played_s + (max(0.0, now - self.clock_at) * self.tempo if self.clock_at is not None else 0.0)
 
     def slack(self, now: float | None = None) -> float:
-        """Seconds of audio the listener holds beyond what it has played; -inf before the first audio."""
+        """Seconds of listening the listener holds beyond what it has played (its audio seconds / tempo);
+        -inf before the first audio."""
         if self.first_audio_at is None:
             return float("-inf")
-        return self.audio_seconds - self.played_s
+        return (self.audio_seconds - self.played_s) / self.tempo
 
     def behind_s(self) -> float:
         """Seconds the client's reads are behind its listener's clock (negative: it has read ahead)."""

@@ -155,14 +155,15 @@ class TTSService:
 
     def stream(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
                protocol: str = "library", audit: AuditEntry | None = None, mark: Marker | None = None,
-               **sampling: Any) -> SpeechStream:
+               tempo: float = 1.0, **sampling: Any) -> SpeechStream:
         """Start synthesising ``text``; iterate the result for audio chunks as they are decoded.
         ``voice``: a built-in voice or alias, or ``account``'s cloned voice (its id, or the
         :class:`Voice` from ``await tts.voices.resolve(...)``, which saves a database read here).
         The synthesis is audited under ``protocol`` and watermarked (``audit``, ``mark``: those of
         an utterance it is a piece of). Raises InvalidRequest / UnknownVoice / TextTooLong /
         OverloadedError (QuotaExceeded: ``account`` holds its quota), and DatabaseError while the
-        audit trail cannot be written, at once."""
+        audit trail cannot be written, at once. ``tempo``: the caller plays the audio this many times
+        faster (a time-stretched response: the listener's clock, which paces the session, runs so)."""
         if not self.ready:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
         voice = self._voice(voice, account)
@@ -195,6 +196,7 @@ class TTSService:
             created=time.monotonic(),
             account=account,
             listen_on_read=not owns_audit,  # a piece of an utterance: heard once the pieces before it are
+            tempo=tempo,
         )
         if not self._loop.post(lambda: self.scheduler.submit(session)):
             self.gate.leave(account)
@@ -212,14 +214,14 @@ class TTSService:
         return Audio(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, metrics=stream.metrics)
 
     def speak(self, text: str, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
-              protocol: str = "library", **sampling: Any) -> SpeechStream | Utterance:
+              protocol: str = "library", tempo: float = 1.0, **sampling: Any) -> SpeechStream | Utterance:
         """One whole text as one ordered stream of chunks (REST, gRPC and Riva ``Synthesize``): a single
         synthesis when it fits the profile's ``max_text_chars``; longer text, up to
         ``server.max_input_chars``, is split into sentences by an :class:`Utterance`. Raises as
         :meth:`stream` does (an overload of a long text's first piece: on the first chunk)."""
         limit = self.config.active_profile.max_text_chars
         if not isinstance(text, str) or len(text) <= limit:
-            return self.stream(text, voice, account=account, protocol=protocol, **sampling)
+            return self.stream(text, voice, account=account, protocol=protocol, tempo=tempo, **sampling)
         most = max(limit, self.config.server.max_input_chars)
         if len(text) > most:
             raise TextTooLong(f"text has {len(text)} characters; at most {most} are accepted "
@@ -227,7 +229,7 @@ class TTSService:
                               "as one synthesis)")
         if not text.strip():
             raise InvalidRequest("text is empty: there is nothing to speak")
-        utterance = self.utterance(voice, account=account, protocol=protocol, **sampling)
+        utterance = self.utterance(voice, account=account, protocol=protocol, tempo=tempo, **sampling)
         utterance.max_pending_chars = len(text)
         try:
             utterance.append(text)
@@ -254,7 +256,7 @@ class TTSService:
             self._loop.post(lambda: self.scheduler.cancel(session_id, "cancelled"))
 
     def utterance(self, voice: str | Voice | None = None, *, account: str = DEFAULT_ACCOUNT,
-                  protocol: str = "library", **sampling: Any) -> Utterance:
+                  protocol: str = "library", tempo: float = 1.0, **sampling: Any) -> Utterance:
         """An utterance whose text arrives in pieces (``append`` / ``flush`` / ``end``), spoken as one
         ordered stream of chunks (iterate it). Raises InvalidRequest / UnknownVoice at once."""
         if not self.ready:
@@ -263,7 +265,8 @@ class TTSService:
         self._sampling(parse(SynthesisRequest, {"text": "", **sampling}))
         audit = self._audit_entry(voice, account, protocol)
         mark = self.marker()  # one watermark across the pieces: the pattern runs on without a jump
-        return Utterance(lambda piece: self.stream(piece, voice, account=account, audit=audit, mark=mark, **sampling),
+        return Utterance(lambda piece: self.stream(piece, voice, account=account, audit=audit, mark=mark, tempo=tempo,
+                                                   **sampling),
                          self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit,
                          charge=lambda n: self.charge(account, n),
                          control=lambda text: orpheus.control_token(self.tokenizer, text))

@@ -42,7 +42,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     check_bitrate(fmt, check_format(fmt, body.sample_rate), body.bitrate)  # refused before admission
     account = request[ACCOUNT]
     voice = await service.voices.resolve(body.voice, account)
-    stream = service.speak(text, voice, account=account, protocol="rest", **body.sampling())
+    stream = service.speak(text, voice, account=account, protocol="rest", tempo=body.speed or 1.0, **body.sampling())
     log.debug("speech: %s, %s", describe_text(text), fmt)
     with request.app[INFLIGHT].request():
         if fmt == "flac" and body.stream_format != "sse":
