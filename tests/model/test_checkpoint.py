@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from lyre.config import load_config
 from lyre.model import checkpoint, demo, orpheus
 from lyre.model.checkpoint import CheckpointError
+from lyre.model.checkpoint.llama import load_llama_weights, read_llama_config
 from tests.support.paths import REPO_ROOT
 
 SMALL_UNTIED = {
@@ -122,6 +123,30 @@ def test_demo_command_line(written_demo, tmp_path, capsys):
     with pytest.raises(SystemExit) as refused:
         main(["demo"])
     assert refused.value.code == 2 and "the following arguments are required: dir" in capsys.readouterr().err
+
+
+def test_a_demo_of_another_shape_is_written_and_served_by_model_path(written_demo, tmp_path, capsys):
+    """``lyre checkpoint demo --shape``: small (the realistic CPU shape) or a config.json's shape; the
+    demo is then served by model.path, its SNAC beside it; an unknown shape is refused."""
+    from lyre.tools.checkpoint import main
+
+    small = demo.demo_config("small")
+    assert (small["hidden_size"], small["num_hidden_layers"], small["num_attention_heads"],
+            small["num_key_value_heads"], small["vocab_size"]) == (768, 12, 12, 4, orpheus.VOCAB_SIZE)
+    shape = tmp_path / "config.json"
+    shape.write_text(json.dumps({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 10}))
+    assert main(["demo", str(tmp_path / "d"), "--shape", str(shape)]) == 0
+    assert "model.path=" in capsys.readouterr().out
+    written = json.loads((tmp_path / "d" / "llama" / "config.json").read_text())
+    assert (written["hidden_size"], written["head_dim"], written["vocab_size"]) == (64, 16, orpheus.VOCAB_SIZE)
+    assert demo.demo_is_current(tmp_path / "d", shape=shape) and not demo.demo_is_current(tmp_path / "d")
+    cfg = load_config(None, {"model.path": str(tmp_path / "d" / "llama")})
+    r = checkpoint.resolve_model(cfg.model, cfg.codec, cache_dir=tmp_path / "no-cache")
+    assert r.is_demo and r.snac_dir == tmp_path / "d" / "snac"
+    assert read_llama_config(r.llama_dir).hidden_size == 64 and load_llama_weights(r.llama_dir)  # the real path
+    assert main(["demo", str(tmp_path / "e"), "--shape", "huge"]) == 2
+    assert "unknown shape 'huge'" in capsys.readouterr().err
 
 
 # --- Llama checkpoints --------------------------------------------------------------------------
@@ -333,7 +358,8 @@ def test_resolution_order_path_then_cache_then_demo(demo_dir, tmp_path):
 
     local = load_config(None, {"model.path": str(demo_dir / "llama"), "codec.path": str(demo_dir / "snac")})
     r = checkpoint.resolve_model(local.model, local.codec, cache_dir=cache)
-    assert not r.is_demo and r.llama_dir == demo_dir / "llama" and r.source.startswith("model.path")
+    assert r.llama_dir == demo_dir / "llama" and "model.path" in r.source
+    assert r.is_demo  # a demo's llama/ reached by model.path is still noise, and says so
 
 
 def test_demo_fallback_is_loud_and_can_be_refused(demo_dir, tmp_path, caplog):

@@ -75,6 +75,48 @@ DEMO_LLAMA_CONFIG: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+# Model shapes the demo can take (random weights all): ``tiny``, the default, costs almost nothing a
+# token (the stream count measures the codec); ``small`` costs what a real model's token costs on a
+# CPU in proportion (hidden 768, 12 layers, 12 query / 4 KV heads), so the model bounds the streams.
+SHAPES: dict[str, dict[str, Any]] = {
+    "tiny": {},
+    "small": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
+              "num_key_value_heads": 4, "head_dim": 64},
+}
+# what a config.json given as a shape may set (the rest, Orpheus's vocabulary and ids, stays the demo's)
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "rms_norm_eps", "rope_theta", "torch_dtype", "tie_word_embeddings")
+
+
+def demo_config(shape: str | Path = "tiny") -> dict[str, Any]:
+    """The demo Llama's config in ``shape``: a name of :data:`SHAPES`, or a ``config.json`` whose shape
+    keys (:data:`SHAPE_KEYS`) it takes. Raises ValueError for an unknown name or an unusable file."""
+    if str(shape) in SHAPES:
+        return {**DEMO_LLAMA_CONFIG, **SHAPES[str(shape)]}
+    path = Path(shape)
+    if not path.is_file():
+        raise ValueError(f"unknown shape {str(shape)!r}: one of {', '.join(SHAPES)}, or a config.json")
+    try:
+        given = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {path} as a config.json: {e}") from None
+    if not isinstance(given, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    config = {**DEMO_LLAMA_CONFIG, **{k: given[k] for k in SHAPE_KEYS if k in given}}
+    if "head_dim" not in given and "hidden_size" in given:
+        config["head_dim"] = config["hidden_size"] // config["num_attention_heads"]
+    if config["num_attention_heads"] % config["num_key_value_heads"]:
+        raise ValueError(f"{path}: num_attention_heads must be a multiple of num_key_value_heads")
+    return config
+
+
+def shape_name(shape: str | Path) -> str:
+    """How the marker names a shape: its name, or the digest of the config it makes."""
+    if str(shape) in SHAPES:
+        return str(shape)
+    return "config-" + hashlib.sha256(json.dumps(demo_config(shape), sort_keys=True).encode()).hexdigest()[:16]
+
+
 _DEMO_README = """\
 # Lyre demo checkpoint — NOT A REAL MODEL
 
@@ -301,16 +343,18 @@ def _digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 
-def write_demo(out_dir: Path, seed: int = 0) -> Path:
-    """Write the demo checkpoint to ``out_dir`` (``llama/`` and ``snac/``), replacing it atomically."""
+def write_demo(out_dir: Path, seed: int = 0, shape: str | Path = "tiny") -> Path:
+    """Write the demo checkpoint to ``out_dir`` (``llama/`` and ``snac/``) in ``shape``
+    (:func:`demo_config`), replacing it atomically."""
+    config = demo_config(shape)
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".lyre-demo-", dir=out_dir.parent))
     try:
-        write_llama_checkpoint(tmp / "llama", DEMO_LLAMA_CONFIG, seed, tokenizer=build_demo_tokenizer())
+        write_llama_checkpoint(tmp / "llama", config, seed, tokenizer=build_demo_tokenizer())
         (tmp / "llama" / "README.md").write_text(_DEMO_README)
         write_snac_checkpoint(tmp / "snac", seed)
-        marker = {"format": DEMO_FORMAT, "seed": seed, "files": _digest(tmp)}
+        marker = {"format": DEMO_FORMAT, "seed": seed, "shape": shape_name(shape), "files": _digest(tmp)}
         _write_json(tmp / MARKER, marker)
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -321,19 +365,26 @@ def write_demo(out_dir: Path, seed: int = 0) -> Path:
     return out_dir
 
 
-def demo_is_current(out_dir: Path, seed: int = 0) -> bool:
-    """True when ``out_dir`` holds a complete demo of this format and seed (files not re-hashed)."""
+def demo_is_current(out_dir: Path, seed: int = 0, shape: str | Path = "tiny") -> bool:
+    """True when ``out_dir`` holds a complete demo of this format, seed and shape (files not re-hashed)."""
     try:
         marker = json.loads((Path(out_dir) / MARKER).read_text())
     except (OSError, ValueError):
         return False
     if marker.get("format") != DEMO_FORMAT or marker.get("seed") != seed:
         return False
+    if marker.get("shape", "tiny") != shape_name(shape):
+        return False
     return all((Path(out_dir) / name).is_file() for name in marker.get("files", {}))
 
 
-def ensure_demo(out_dir: Path, seed: int = 0) -> Path:
-    """The demo checkpoint at ``out_dir``, written first if missing, stale or incomplete."""
-    if not demo_is_current(out_dir, seed):
-        write_demo(out_dir, seed)
+def ensure_demo(out_dir: Path, seed: int = 0, shape: str | Path = "tiny") -> Path:
+    """The demo checkpoint at ``out_dir``, written first if missing, stale, incomplete or of another shape."""
+    if not demo_is_current(out_dir, seed, shape):
+        write_demo(out_dir, seed, shape)
     return Path(out_dir)
+
+
+def is_demo_llama(llama_dir: Path) -> bool:
+    """Whether ``llama_dir`` is the ``llama/`` of a demo checkpoint (of any shape)."""
+    return (Path(llama_dir).parent / MARKER).is_file() and Path(llama_dir).name == "llama"

@@ -20,6 +20,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
     p_demo = sub.add_parser("demo", help="write the demo checkpoint (random weights; its audio is noise)")
     p_demo.add_argument("dir", type=Path, help="output directory (gets llama/ and snac/)")
     p_demo.add_argument("--seed", type=int, default=0)
+    p_demo.add_argument("--shape", default="tiny", help="tiny (default: hidden 192, 4 layers; a token costs almost "
+                        "nothing), small (hidden 768, 12 layers, 12 query / 4 KV heads: a real model's cost per "
+                        "token on a CPU, in proportion), or a config.json whose shape it takes; serve it with "
+                        "--set model.path=DIR/llama")
     p_demo.add_argument("--force", action="store_true", help="rewrite even when an up-to-date demo is there")
 
     p_dl = sub.add_parser("download", help="download the configured model and codec into the Hugging Face cache")
@@ -34,9 +38,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "demo":
-            if args.force or not demo.demo_is_current(args.dir, args.seed):
-                demo.write_demo(args.dir, args.seed)
-                print(f"wrote the demo checkpoint to {args.dir} (random weights: its audio is noise)")
+            try:
+                demo.demo_config(args.shape)
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+            if args.force or not demo.demo_is_current(args.dir, args.seed, args.shape):
+                demo.write_demo(args.dir, args.seed, args.shape)
+                print(f"wrote the demo checkpoint ({args.shape}) to {args.dir} (random weights: its audio is noise); "
+                      f"serve it with --set model.path={args.dir / 'llama'}")
             else:
                 print(f"the demo checkpoint at {args.dir} is up to date")
             return 0

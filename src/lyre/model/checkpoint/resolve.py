@@ -58,6 +58,9 @@ def resolve_model(
         llama_dir, is_demo, source = Path(model.path), False, f"model.path {model.path}"
         if not llama_dir.is_dir():
             raise CheckpointError(f"model.path {model.path} does not exist or is not a directory")
+        if demo.is_demo_llama(llama_dir):  # a demo of another shape (lyre checkpoint demo --shape): its SNAC is beside it
+            is_demo, source = True, f"demo checkpoint {llama_dir.parent} (model.path)"
+            log.warning(DEMO_BANNER.format(path=llama_dir.parent, hf_id=model.hf_id))
     elif (cached := find_cached(model.hf_id, "llama", model.revision, cache_dir)) is not None:
         llama_dir, is_demo, source = cached, False, f"Hugging Face cache {model.hf_id}@{model.revision}"
     else:
@@ -79,7 +82,7 @@ def resolve_model(
         if not snac_dir.is_dir():
             raise CheckpointError(f"codec.path {codec.path} does not exist or is not a directory")
     elif is_demo:
-        snac_dir = Path(model.demo_dir) / "snac"
+        snac_dir = llama_dir.parent / "snac"
     elif (cached := find_cached(codec.hf_id, "snac", codec.revision, cache_dir)) is not None:
         snac_dir = cached
     else:
