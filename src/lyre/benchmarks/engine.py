@@ -149,9 +149,10 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{'':<26}{'tokens/s':>10}{'step p50 ms':>13}{'vs 1 concurrent':>17}{'vs transformers':>17}"]
     for lv in result["engine"]:
         vs_one = f"{lv['tokens_per_s'] / one:.1f}x" if one else "-"
+        vs_base = f"{lv['tokens_per_s'] / base:.1f}x" if base else "-"  # (--baseline-requests 0: no peer run)
         lines.append(
             f"{'engine, ' + str(lv['concurrency']) + ' concurrent':<26}{lv['tokens_per_s']:>10.0f}"
-            f"{lv['step_ms_p50']:>13.2f}{vs_one:>17}{lv['tokens_per_s'] / base:>16.1f}x"
+            f"{lv['step_ms_p50']:>13.2f}{vs_one:>17}{vs_base:>17}"
         )
     lines.append(f"{'transformers, sequential':<26}{base:>10.0f}{'':>13}{'':>17}{1.0:>16.1f}x")
     return "\n".join(lines)

@@ -161,12 +161,19 @@ def build_engine(cfg: LyreConfig, choice: BackendChoice, env: Environment,
                  model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
     """The token engine, the device it runs on, and how to say it in the log."""
     if choice.name == "trtllm":
+        if cfg.model.quantize != "none":
+            log.warning("model.quantize %s applies to the PyTorch backend; the TensorRT-LLM engine keeps the "
+                        "quantization it was built with", cfg.model.quantize)
         return _trtllm_engine(cfg, env, model)
     engine_cfg = TorchEngineConfig.from_config(cfg)
     if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
         torch.set_num_threads(_engine_threads(cfg))
-    engine = TorchEngine.from_checkpoint(model.llama_dir, engine_cfg)
-    return engine, engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype})"
+    try:
+        engine = TorchEngine.from_checkpoint(model.llama_dir, engine_cfg)
+    except ValueError as e:  # (a quantization this device cannot run)
+        raise LyreError(str(e)) from None
+    weights = "" if engine_cfg.quantize == "none" else f", {engine_cfg.quantize} decoder weights"
+    return engine, engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype}{weights})"
 
 
 def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:

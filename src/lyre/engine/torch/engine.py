@@ -43,6 +43,7 @@ from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_p
 from lyre.engine.torch.constrained import BAND, col_ids, constrained_logits, history_cols
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
 from lyre.engine.torch.prefix_cache import PrefixCache
+from lyre.engine.torch.quantize import quantize
 from lyre.engine.torch.sampling import Draw, SamplingBatch, apply_repetition_penalty, draw
 from lyre.engine.torch.sequence import Sequence, SlotPool
 from lyre.engine.torch.transfer import to_host, upload
@@ -62,6 +63,7 @@ class TorchEngineConfig:
     dtype: torch.dtype = torch.float32  # weights and activations
     kv_dtype: torch.dtype = torch.float32
     prefix_cache_bytes: int = 0  # kept prefixes' K/V (voices.prefix_cache_mb); 0 = none kept
+    quantize: str = "none"  # int8: the decoder layers' linears with int8 weights (CPU; lyre.engine.torch.quantize)
 
     @classmethod
     def from_config(cls, cfg: LyreConfig) -> TorchEngineConfig:
@@ -84,6 +86,7 @@ class TorchEngineConfig:
             dtype=pick(cfg.model.dtype),
             kv_dtype=pick(cfg.kv_cache.dtype),
             prefix_cache_bytes=cfg.voices.prefix_cache_mb * 2**20,
+            quantize=cfg.model.quantize,
         )
 
 
@@ -122,7 +125,8 @@ class TorchEngine:
         llama_cfg = checkpoint.read_llama_config(model_dir)
         weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
         model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
-        return cls(model, config)
+        del weights  # (the float copies: int8 keeps only its own)
+        return cls(quantize(model, config.quantize, torch.device(config.device), config.dtype), config)
 
     # --- the contract ---------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ class Llama(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.full_logits: nn.Module | None = None  # lm_head over the whole vocabulary when quantized (quantize.py)
         cos, sin = rope_tables(cfg, max_seq_len)
         self.register_buffer("rope_cos", cos, persistent=False)  # (max_seq_len, head_dim)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -53,6 +54,8 @@ class Llama(nn.Module):
 
     def logits(self, hidden: torch.Tensor, band_start: int | None = None, band_size: int = 0) -> torch.Tensor:
         """(N, H) -> (N, vocab) logits, or (N, band_size) for ids band_start..band_start+band_size-1."""
+        if band_start is None and self.full_logits is not None:
+            return self.full_logits(hidden).float()  # (N, vocab), int8 weights
         w = self.lm_head_weight
         if band_start is not None:
             w = w[band_start : band_start + band_size]  # a view: only these rows are computed
