@@ -53,7 +53,7 @@ def test_a_small_soak_runs_every_phase_and_leaves_nothing_behind(bench, tmp_path
     r = json.loads(out.read_text())
     check_every_phase(r, requests=12, burst=2 * 4)
     assert r["soak"]["by_protocol"] == {"rest": 4, "ws": 4, "grpc": 4} and r["drain"]["streams"] == 2
-    assert r["overload"]["probes"] == 100  # 50 REST + 50 gRPC
+    assert r["overload"]["probes"] == 200  # 100 REST + 100 gRPC, each on a connection opened before timing
     assert "soak      12 requests" in run.stdout and "rejection p50" in run.stdout and "0 lost" in run.stdout
 
 
