@@ -107,7 +107,7 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
         return seq.num_generated == 0 if stage == "prefill" else seq.num_generated >= max(after, 1)
 
     if stage == "sampling":
-        draw_rows = engine._draw
+        draw_rows = engine.sampler.draw
 
         def sampling(seqs, *args):
             drawn = draw_rows(seqs, *args)  # it fails after the draw: every row's generator has moved on
@@ -115,7 +115,7 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
                 raise fault
             return drawn
 
-        monkeypatch.setattr(engine, "_draw", sampling)
+        monkeypatch.setattr(engine.sampler, "draw", sampling)
         return
     assert stage in ("prefill", "decode"), stage
     forward = engine.model.forward

@@ -1,0 +1,81 @@
+"""The sampling half of a :class:`~lyre.engine.torch.engine.TorchEngine` step: for the rows that
+sample, logits over their frame slot's 4096 codes (constrained audio) or the whole vocabulary, the
+repetition penalty and ``min_tokens``, then the draw (:mod:`lyre.engine.torch.sampling`); every
+row's choice is read back from the device in one transfer per step."""
+
+from __future__ import annotations
+
+import torch
+
+from lyre.engine.torch.constrained import BAND, col_ids, constrained_logits, history_cols
+from lyre.engine.torch.llama import Llama
+from lyre.engine.torch.sampling import Draw, SamplingBatch, apply_repetition_penalty
+from lyre.engine.torch.sampling import draw as draw_columns
+from lyre.engine.torch.sequence import Sequence
+from lyre.engine.torch.transfer import to_host, upload
+from lyre.model import orpheus
+
+
+class StepSampler:
+    def __init__(self, model: Llama, device: torch.device):
+        self.model, self.device = model, device
+
+    def sample(
+        self, seqs: list[Sequence], hidden: torch.Tensor
+    ) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """One token per sequence: constrained rows and full-vocabulary rows sampled as two
+        batches, every row's choice read back from the device in one transfer for the step."""
+        if not seqs:  # prompt chunks only
+            return [], [], []
+        logits_out: list[torch.Tensor | None] = [None] * len(seqs)
+        ids_out: list[torch.Tensor | None] = [None] * len(seqs)
+        parts = []  # (rows, their first ids, constrained, Draw)
+        constrained = [i for i, s in enumerate(seqs) if s.constrained]
+        full = [i for i, s in enumerate(seqs) if not s.constrained]
+        for rows, is_constrained in ((constrained, True), (full, False)):
+            if not rows:
+                continue
+            group = [seqs[i] for i in rows]
+            h = hidden[upload(rows, self.device)]
+            if is_constrained:
+                frame_slots = [s.audio_k % orpheus.FRAME_TOKENS for s in group]
+                logits = constrained_logits(self.model, frame_slots, h)  # (n, 4097)
+                first_ids = [orpheus.AUDIO_TOKEN_OFFSET + slot * BAND for slot in frame_slots]  # id of column 0
+            else:
+                logits = self.model.logits(h)  # (n, V)
+                first_ids = [0] * len(rows)
+            parts.append((rows, first_ids, is_constrained, self.draw(group, logits, first_ids, is_constrained)))
+            for j, (i, s) in enumerate(zip(rows, group, strict=True)):
+                if s.request.record_logits:
+                    logits_out[i] = logits[j].clone()
+                    ids_out[i] = col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
+                                         is_constrained)
+        chosen = to_host(torch.cat([d.cols for *_, d in parts]))  # the step's one read-back
+        tokens: list[int] = [0] * len(seqs)
+        at = 0
+        for rows, first_ids, is_constrained, d in parts:
+            cols = d.finish(chosen[at : at + len(rows)])
+            at += len(rows)
+            for i, first, col in zip(rows, first_ids, cols, strict=True):
+                tokens[i] = orpheus.END_OF_SPEECH if is_constrained and col == BAND else first + col
+        return tokens, logits_out, ids_out
+
+    def draw(self, seqs: list[Sequence], logits: torch.Tensor, first_ids: list[int], constrained: bool) -> Draw:
+        """Chosen column per row, on the device: repetition penalty, min_tokens, then temperature /
+        top-k / top-p sampling. Decided from host values only: nothing is read back here."""
+        penalty = upload([s.params.repetition_penalty for s in seqs], self.device, torch.float32)
+        logits = apply_repetition_penalty(logits, history_cols(seqs, first_ids, constrained, self.device), penalty)
+        early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]
+        if early:  # min_tokens: no stop id yet
+            cells = [(j, col) for j in early
+                     for col in ([BAND] if constrained else [t for t in seqs[j].params.stop_ids if t < logits.shape[1]])]
+            if cells:
+                rows, cols = upload(cells, self.device).T
+                logits = logits.index_put((rows, cols), torch.tensor(float("-inf"), device=self.device))
+        params = SamplingBatch(
+            temperature=[s.params.temperature for s in seqs],
+            top_k=[s.params.top_k for s in seqs],
+            top_p=[s.params.top_p for s in seqs],
+            generators=[s.generator for s in seqs],
+        )
+        return draw_columns(logits, params)
