@@ -109,7 +109,7 @@ VoiceName = Annotated[Name | None, BeforeValidator(_voice_ref), WithJsonSchema({
                    "additionalProperties": False}, {"type": "null"}]})]
 
 
-# what timestamps a stream sends (lyre.service.timing.DETAILS): each piece's span; and its estimated
+# what timestamps a stream sends (lyre.service.timing.Piece.as_dict): each piece's span; and its estimated
 # words (Cartesia's word_timestamps); and its characters' estimated times (ElevenLabs' alignment)
 Timestamps = Literal["pieces", "words", "chars"]
 

@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 from lyre.model.orpheus import SAMPLE_RATE
 
-DETAILS = ("pieces", "words", "chars")  # what timestamps a client asks for, each adding to the one before
 LOOKAHEAD = 64  # how far past the last located character a piece's next character is looked for
 SECONDS_PER_CHAR = 0.065  # an unfinished piece's length, before any piece has finished (~15 characters/s)
 KEPT = 256  # finished pieces a timeline keeps (a heard report lists those wholly heard among them)
