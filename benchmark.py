@@ -16,9 +16,12 @@ runs already, else a server the benchmark starts from --config/--set and stops b
 Per request: TTFB, real-time factor, underruns of a player that starts at the first byte. Per run:
 TTFB p50/p95/p99, underruns and share of streams with none, success rate, audio seconds per wall
 second, and the server's tokens/s from /v1/stats. --protocol rest --format opus (mp3, flac, ...)
-measures another response_format: TTFB to its first encoded byte, no underruns. --baseline transformers measures the peer (the
-same checkpoint served with transformers generate + SNAC, one request at a time) in the same run.
-engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential.
+measures another response_format: TTFB to its first encoded byte, no underruns. --baseline measures a peer
+serving the same checkpoint in the same run: transformers (generate + one SNAC decode, one request at a
+time) or llamacpp (llama.cpp's batched decoding of the checkpoint exported to GGUF, f32 or q8_0 with
+--set model.quantize=int8, + SNAC over a 4-frame sliding window: what Orpheus servers on a CPU run).
+engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential, and
+with --baseline llamacpp vs llama.cpp at each concurrency.
 service: streams through the library API (no network), per scheduler policy and codec mode.
 codec: SNAC decode time per emitted frame, per codec mode and runtime, at each batch size.
 soak: the reliability suite on a server it starts: a soak with disconnects and cancels over all
@@ -105,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--find-max", action="store_true", help="bisect for the largest concurrency meeting --slo")
     load.add_argument("--slo", default="success=1.0,ttfb_p95_ms=150,underruns=0",
                       help='objectives, e.g. "success=1.0,ttfb_p95_ms=150,underruns=0"')
-    load.add_argument("--baseline", choices=["transformers"], help="also measure the peer and report ratios")
+    load.add_argument("--baseline", choices=["transformers", "llamacpp"],
+                      help="also measure a peer in the same run and report ratios: transformers (generate, one "
+                           "request at a time) or llamacpp (llama.cpp's batched decoding of the checkpoint as "
+                           "GGUF + SNAC over a sliding window, as Orpheus servers on a CPU run; needs .[peer]). "
+                           "Also in --mode engine (llamacpp)")
     load.add_argument("--plot", type=Path, help="PNG: TTFB p50/p95 and real-time streams against concurrency")
     load.add_argument("--grid-policies", default="fair,deadline", help="tuning grid: policies")
     load.add_argument("--grid-batch", default="8,16", help="tuning grid: max_batch_size values")
@@ -158,7 +165,8 @@ def main(argv=None) -> int:
         if args.mode == "engine":
             model_dir = args.checkpoint or checkpoint.resolve_model(cfg.model, cfg.codec).llama_dir
             result = engine_bench.run(cfg, model_dir, args.concurrency or [1, 4, 16], args.max_tokens or 256,
-                                      args.baseline_requests, progress=say, slot_order=args.slot_order)
+                                      args.baseline_requests, progress=say, slot_order=args.slot_order,
+                                      baseline=args.baseline)
             text = engine_bench.table(result)
         elif args.mode == "codec":
             runtimes = [x.strip() for x in args.runtimes.split(",") if x.strip()]

@@ -145,9 +145,10 @@ def main(argv=None, prog: str | None = None) -> int:
     p.add_argument("--host", help="interface (default: server.host)")
     p.add_argument("--port", type=int, help="REST + WebSocket port (default: server.port; 0 = any free port)")
     p.add_argument("--grpc-port", type=int, help="gRPC port (default: server.grpc_port; 0 = off)")
-    p.add_argument("--baseline", choices=["transformers"],
-                   help="serve the benchmark peer instead of Lyre's engine: transformers generate + one SNAC "
-                        "decode, one request at a time (for benchmark.py --baseline)")
+    p.add_argument("--baseline", choices=["transformers", "llamacpp"],
+                   help="serve a benchmark peer instead of Lyre's engine (for benchmark.py --baseline): "
+                        "transformers generate + one SNAC decode, one request at a time; or llamacpp, llama.cpp's "
+                        "batched decoding + SNAC over a sliding window (needs .[peer])")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -155,7 +156,11 @@ def main(argv=None, prog: str | None = None) -> int:
         overrides = {f"server.{k}": v for k, v in (("host", args.host), ("port", args.port),
                                                    ("grpc_port", args.grpc_port)) if v is not None}
         cfg = apply_overrides(cfg, overrides)
-        if args.baseline:
+        if args.baseline == "llamacpp":
+            from lyre.benchmarks.peer.service import LlamaCppBaseline
+
+            service = LlamaCppBaseline(cfg)
+        elif args.baseline:
             from lyre.benchmarks.baseline import TransformersBaseline
 
             service = TransformersBaseline(cfg)

@@ -100,6 +100,47 @@ def run_transformers_sequential(model_dir: Path, prompts: list[list[int]], param
     return {"requests": len(prompts), "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed}
 
 
+def run_llamacpp_levels(cfg: LyreConfig, model_dir: Path, prompts: list[list[int]], params: SamplingParams,
+                        concurrency: list[int], progress=print) -> dict[str, Any]:
+    """The same prompts and sampling through llama.cpp's batched decoding (``--baseline llamacpp``):
+    the checkpoint exported to GGUF (f32, or q8_0 with ``model.quantize: int8``), every level's
+    requests decoded together as ``llama-server --parallel`` does, on as many threads as torch uses."""
+    from lyre.benchmarks.peer.gguf_export import export_cached
+    from lyre.benchmarks.peer.llamacpp import LlamaCpp, PeerSampling, PeerSequence
+
+    kind = {"none": "f32", "int8": "q8_0"}[cfg.model.quantize]
+    progress(f"llama.cpp: exporting {model_dir} to GGUF {kind} (cached under {cfg.data_dir}/peer) ...")
+    path = export_cached(model_dir, kind, Path(cfg.data_dir) / "peer")
+    llama = LlamaCpp(path, max(concurrency), max(map(len, prompts)) + params.max_tokens + 8,
+                     threads=torch.get_num_threads())
+
+    def level(n: int, max_tokens: int) -> dict[str, float]:
+        for i, p in enumerate(prompts[:n]):
+            llama.admit(PeerSequence(p, PeerSampling(
+                temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                repetition_penalty=params.repetition_penalty, max_tokens=max_tokens, seed=i,
+                constrain_audio=params.constrain_audio, stop_ids=())))
+        tokens, step_s = 0, []
+        t0 = time.perf_counter()
+        while llama.running:
+            s0 = time.perf_counter()
+            tokens += llama.step()
+            step_s.append(time.perf_counter() - s0)
+        elapsed = time.perf_counter() - t0
+        return {"concurrency": n, "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
+                "step_ms_p50": 1000 * statistics.median(step_s)}
+
+    try:
+        level(1, 8)  # warm-up
+        levels = []
+        for c in concurrency:
+            progress(f"llama.cpp: {c} concurrent x {params.max_tokens} tokens ...")
+            levels.append(level(c, params.max_tokens))
+    finally:
+        llama.close()
+    return {"gguf": str(path), "type": kind, "threads": llama.threads, "levels": levels}
+
+
 def run(
     cfg: LyreConfig,
     model_dir: Path,
@@ -108,6 +149,7 @@ def run(
     baseline_requests: int,
     progress=print,
     slot_order: str = "admission",
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     top = max(concurrency)
     engine_cfg = replace(TorchEngineConfig.from_config(cfg), slots=top, max_batch_size=top)
@@ -120,10 +162,17 @@ def run(
         progress(f"engine: {c} concurrent x {max_tokens} tokens ...")
         levels.append(run_engine_level(engine, prompts[:c], params, f"c{c}", slot_order))
     progress(f"transformers generate: {baseline_requests} requests one at a time x {max_tokens} tokens ...")
-    baseline = run_transformers_sequential(model_dir, prompts[:baseline_requests], params)
+    sequential = run_transformers_sequential(model_dir, prompts[:baseline_requests], params)
+    peer = None
+    if baseline == "llamacpp":
+        peer = run_llamacpp_levels(cfg, model_dir, prompts, params, concurrency, progress)
+        by_level = {lv["concurrency"]: lv["tokens_per_s"] for lv in peer["levels"]}
+        for lv in levels:
+            lv["vs_llamacpp"] = lv["tokens_per_s"] / by_level[lv["concurrency"]]
     return {
         "engine": levels,
-        "transformers_sequential": baseline,
+        "transformers_sequential": sequential,
+        **({"llamacpp": peer} if peer else {}),
         "settings": {
             "checkpoint": str(model_dir),
             "max_tokens": max_tokens,
@@ -145,14 +194,21 @@ def run(
 
 def table(result: dict[str, Any]) -> str:
     base = result["transformers_sequential"]["tokens_per_s"]
+    peer = {lv["concurrency"]: lv for lv in (result.get("llamacpp") or {}).get("levels", [])}
     one = next((lv["tokens_per_s"] for lv in result["engine"] if lv["concurrency"] == 1), None)
-    lines = [f"{'':<26}{'tokens/s':>10}{'step p50 ms':>13}{'vs 1 concurrent':>17}{'vs transformers':>17}"]
+    head = f"{'':<26}{'tokens/s':>10}{'step p50 ms':>13}{'vs 1 concurrent':>17}{'vs transformers':>17}"
+    lines = [head + (f"{'llama.cpp tok/s':>17}{'vs llama.cpp':>14}" if peer else "")]
     for lv in result["engine"]:
         vs_one = f"{lv['tokens_per_s'] / one:.1f}x" if one else "-"
         vs_base = f"{lv['tokens_per_s'] / base:.1f}x" if base else "-"  # (--baseline-requests 0: no peer run)
-        lines.append(
-            f"{'engine, ' + str(lv['concurrency']) + ' concurrent':<26}{lv['tokens_per_s']:>10.0f}"
-            f"{lv['step_ms_p50']:>13.2f}{vs_one:>17}{vs_base:>17}"
-        )
+        row = (f"{'engine, ' + str(lv['concurrency']) + ' concurrent':<26}{lv['tokens_per_s']:>10.0f}"
+               f"{lv['step_ms_p50']:>13.2f}{vs_one:>17}{vs_base:>17}")
+        if peer:
+            other = peer[lv["concurrency"]]
+            row += f"{other['tokens_per_s']:>17.0f}{lv['tokens_per_s'] / other['tokens_per_s']:>13.2f}x"
+        lines.append(row)
     lines.append(f"{'transformers, sequential':<26}{base:>10.0f}{'':>13}{'':>17}{1.0:>16.1f}x")
+    if peer:
+        lines.append(f"(llama.cpp: {result['llamacpp']['type']} GGUF, {result['llamacpp']['threads']} threads, "
+                     "batched decoding of all the level's sequences)")
     return "\n".join(lines)

@@ -87,6 +87,8 @@ def sweep(args, texts: list[str], say) -> dict[str, Any]:
                 measure = lambda c, key=key, target=target: run_level(  # noqa: E731
                     target, "closed", c, _levels_requests(args, c), texts, f"{key}: {c} users")
                 entry: dict[str, Any] = {"levels": [], "voice": voice}
+                say(f"{key}: one request to warm the server up (not counted)")
+                run_level(target, "closed", 1, 1, texts, f"{key}: warm-up")
                 for c in levels:
                     say(f"{key}: {c} concurrent users")
                     entry["levels"].append(measure(c))

@@ -1,0 +1,1 @@
+"""The peers benchmark.py measures Lyre against (--baseline): what users run instead."""
