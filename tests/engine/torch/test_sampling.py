@@ -82,11 +82,12 @@ def test_same_generator_state_gives_the_same_draw_whatever_the_neighbours():
 
 
 def test_repetition_penalty_hits_seen_columns_once():
-    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5]])
-    history = torch.tensor([[0, 1, 1, -1, 0]])
-    out = apply_repetition_penalty(logits, history, torch.tensor([2.0]))
-    assert out.tolist() == [[1.0, -4.0, 1.0, 0.5]]
-    assert apply_repetition_penalty(logits, torch.empty(1, 0, dtype=torch.long), torch.tensor([2.0])) is logits
+    logits = torch.tensor([[2.0, -2.0, 1.0, 0.5], [2.0, -2.0, 1.0, 0.5], [2.0, -2.0, 1.0, 0.5]])
+    history = torch.tensor([[0, 1, 1, -1, 0], [-1, -1, -1, -1, -1], [3, -1, -1, -1, -1]])  # (-1: none)
+    out = apply_repetition_penalty(logits, history, torch.tensor([2.0, 2.0, 2.0]))
+    assert out.tolist() == [[1.0, -4.0, 1.0, 0.5], [2.0, -2.0, 1.0, 0.5], [2.0, -2.0, 1.0, 0.25]]
+    assert out is logits  # (in place: the step's own logits)
+    assert apply_repetition_penalty(logits, torch.empty(3, 0, dtype=torch.long), torch.tensor([2.0] * 3)) is logits
 
 
 def test_the_nucleus_search_agrees_with_the_mass_of_every_candidate():
@@ -104,3 +105,41 @@ def test_the_nucleus_search_agrees_with_the_mass_of_every_candidate():
         mass_above = torch.stack([(probs * (probs > p_cand[:, r : r + 1])).sum(-1) for r in range(sampling.ROUNDS)], 1)
         expected = (mass_above < top_p[:, None]) | (top_p >= 1.0)[:, None]
         assert torch.equal(sampling._in_nucleus(probs, p_cand, top_p), expected), trial
+
+
+def test_two_level_inverse_cdf_follows_the_distribution_across_blocks_and_the_tail():
+    """More columns than one block, and not a multiple of it: the draws land where the mass is,
+    in the tail block too, and never on a zero-probability column."""
+    c = 2 * sampling.BLOCK + 300
+    probs = torch.zeros(c)
+    likely = [5, 1023, 1024, 2047, 2048 + 17, c - 1]  # block edges and the tail
+    probs[likely] = torch.tensor([0.1, 0.15, 0.2, 0.05, 0.3, 0.2])
+    n = 4000
+    u = torch.rand(n, sampling.ROUNDS, generator=torch.Generator().manual_seed(7))
+    cols = sampling._inverse_cdf(probs.expand(n, -1).contiguous(), u).reshape(-1)
+    assert set(cols.tolist()) <= set(likely)
+    freq = torch.bincount(cols, minlength=c).float()[likely] / cols.numel()
+    assert (freq - probs[likely]).abs().max() < 0.02
+
+
+def test_top_k_rows_sample_the_nucleus_of_their_k_best():
+    logits = torch.tensor([3.0, 2.5, 2.0, 1.8, 1.0, 0.5, 0.0, -1.0] * 40)  # 320 columns, repeats tie
+    logits = logits + torch.arange(320) * 1e-4  # (ties broken: the later copy is more likely)
+    p, order = logits.softmax(0).sort(descending=True)
+    top = torch.zeros(320)
+    top[order[:6]] = p[:6]
+    expected = nucleus(top / top.sum(), 0.6)
+    n = 4000
+    cols = sample(logits.expand(n, -1).contiguous(), batch(n, top_k=6, top_p=0.6))
+    freq = torch.bincount(torch.tensor(cols), minlength=320).float() / n
+    assert set(cols) <= set(expected.nonzero().squeeze(1).tolist())
+    assert (freq - expected).abs().max() < 0.03
+
+
+def test_a_rows_draw_does_not_depend_on_which_way_its_neighbours_sample():
+    logits = torch.randn(4, 3000, generator=torch.Generator().manual_seed(9))
+    for top_k in (0, 50):
+        alone = sample(logits[1:2], SamplingBatch([0.7], [top_k], [0.8], [torch.Generator().manual_seed(11)]))
+        mixed = SamplingBatch([0.0, 0.7, 1.0, 0.9], [0, top_k, 50 - top_k, 7], [1.0, 0.8, 0.9, 0.5],
+                              [torch.Generator().manual_seed(s) for s in (1, 11, 2, 3)])
+        assert sample(logits, mixed)[1] == alone[0]

@@ -40,6 +40,7 @@ import torch
 
 from lyre.config import LyreConfig
 from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_prompt
+from lyre.engine.torch.host_heap import keep_freed_memory
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.quantize import quantize
@@ -117,6 +118,8 @@ class TorchEngine:
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
         llama_cfg = checkpoint.read_llama_config(model_dir)
         weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
+        if torch.device(config.device).type == "cpu":
+            keep_freed_memory()  # (host_heap.py: a step's large temporaries without page faults)
         model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
         del weights  # (the float copies: int8 keeps only its own)
         return cls(quantize(model, config.quantize, torch.device(config.device), config.dtype), config)

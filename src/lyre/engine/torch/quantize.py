@@ -41,9 +41,9 @@ def quantize(model: nn.Module, how: str, device: torch.device, dtype: torch.dtyp
 
         for layer in model.layers:
             quantize_dynamic(layer, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
-        weight = model.lm_head_weight  # (V, H)
+        weight = model.lm_head_t.detach().T  # (V, H), a view
         head = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        head.weight = nn.Parameter(weight.detach(), requires_grad=False)  # (shared, not copied)
+        head.weight = nn.Parameter(weight, requires_grad=False)  # (quantize_dynamic copies it to int8)
         model.full_logits = quantize_dynamic(nn.Sequential(head), {nn.Linear: per_channel_dynamic_qconfig},
                                              dtype=torch.qint8)
     return model

@@ -44,12 +44,12 @@ class StepSampler:
             else:
                 logits = self.model.logits(h)  # (n, V)
                 first_ids = [0] * len(rows)
-            parts.append((rows, first_ids, is_constrained, self.draw(group, logits, first_ids, is_constrained)))
             for j, (i, s) in enumerate(zip(rows, group, strict=True)):
-                if s.request.record_logits:
+                if s.request.record_logits:  # (before the draw penalises them in place)
                     logits_out[i] = logits[j].clone()
                     ids_out[i] = col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
                                          is_constrained)
+            parts.append((rows, first_ids, is_constrained, self.draw(group, logits, first_ids, is_constrained)))
         chosen = to_host(torch.cat([d.cols for *_, d in parts]))  # the step's one read-back
         tokens: list[int] = [0] * len(seqs)
         at = 0
@@ -61,8 +61,9 @@ class StepSampler:
         return tokens, logits_out, ids_out
 
     def draw(self, seqs: list[Sequence], logits: torch.Tensor, first_ids: list[int], constrained: bool) -> Draw:
-        """Chosen column per row, on the device: repetition penalty, min_tokens, then temperature /
-        top-k / top-p sampling. Decided from host values only: nothing is read back here."""
+        """Chosen column per row, on the device: repetition penalty (in place: ``logits`` is this
+        step's own), min_tokens, then temperature / top-k / top-p sampling. Decided from host values
+        only: nothing is read back here."""
         penalty = upload([s.params.repetition_penalty for s in seqs], self.device, torch.float32)
         logits = apply_repetition_penalty(logits, history_cols(seqs, first_ids, constrained, self.device), penalty)
         early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]

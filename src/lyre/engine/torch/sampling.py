@@ -9,9 +9,13 @@ row's stream of draws never depends on its neighbours) and uploaded with the par
 copy. :func:`draw` returns the chosen columns still on the device; the caller reads them back
 once per step (with every other row's) and :meth:`Draw.finish` completes the rare rows left.
 
-Top-p without sorting: a token is in the nucleus iff the probability mass of the tokens strictly
-more likely than it is below ``top_p`` (the sorted-prefix definition, up to exact ties). Each row
-draws ``ROUNDS`` candidates from the whole distribution by inverse CDF and takes the first one in
+A row with a top-k samples among its k most likely columns only: one top-k pass over the
+vocabulary, then softmax, nucleus and draw over (B, k) values.
+
+Top-p without sorting (rows without a top-k): a token is in the nucleus iff the probability mass of
+the tokens strictly more likely than it is below ``top_p`` (the sorted-prefix definition, up to
+exact ties). Each row draws ``ROUNDS`` candidates from the whole distribution by inverse CDF (in two
+levels: 1024-column blocks, then inside the block drawn) and takes the first one in
 the nucleus: accepted draws follow the renormalised nucleus distribution exactly, and each
 candidate is in it with probability >= top_p. That mass is monotone in a candidate's probability,
 so the nucleus members among a row's candidates are its most likely ones, found by a binary
@@ -26,7 +30,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from lyre.engine.torch.transfer import to_host, upload
 
@@ -49,9 +52,10 @@ class Draw:
     the nucleus; :meth:`finish` completes those from the values read back."""
 
     cols: torch.Tensor
-    probs: torch.Tensor | None = None  # (B, C) what the fallback samples from
-    top_p: torch.Tensor | None = None  # (B,)
-    fallback_uniform: torch.Tensor | None = None  # (B,)
+    probs: torch.Tensor | None = None  # (N, C) what the fallback samples from: the nucleus rows'
+    top_p: torch.Tensor | None = None  # (N,)
+    fallback_uniform: torch.Tensor | None = None  # (N,)
+    rows: list[int] | None = None  # the batch row of each of those N rows (None: all, in order)
 
     def finish(self, cols: list[int]) -> list[int]:
         """``cols`` (this draw's read-back) with every -1 sampled by sorting (a second read-back)."""
@@ -59,7 +63,8 @@ class Draw:
         if not missing:
             return cols
         assert self.probs is not None and self.top_p is not None and self.fallback_uniform is not None
-        rows = upload(missing, self.probs.device)
+        where = {r: i for i, r in enumerate(self.rows)} if self.rows is not None else None
+        rows = upload([where[r] for r in missing] if where else missing, self.probs.device)
         picked = to_host(_sample_sorted(self.probs[rows], self.top_p[rows], self.fallback_uniform[rows]))
         out = list(cols)
         for r, c in zip(missing, picked, strict=True):
@@ -70,23 +75,26 @@ class Draw:
 def apply_repetition_penalty(
     logits: torch.Tensor, history_cols: torch.Tensor, penalty: torch.Tensor
 ) -> torch.Tensor:
-    """Penalise columns seen in ``history_cols`` (B, W; -1 = none): positive logits divided by
-    the penalty, negative ones multiplied (each column once, however often it repeats)."""
+    """Penalise, in place, columns seen in ``history_cols`` (B, W; -1 = none): positive logits
+    divided by the penalty, negative ones multiplied (each column once, however often it repeats).
+    Returns ``logits``."""
     if history_cols.numel() == 0:
         return logits
-    c = logits.shape[1]
-    padded = F.pad(logits, (0, 1))  # (B, C + 1): -1 entries point at the spill column C
-    cols = torch.where(history_cols < 0, c, history_cols)  # (B, W)
-    seen = padded.gather(1, cols)
-    p = penalty[:, None]
+    valid = history_cols >= 0
+    # a -1 entry rewrites a column its row penalises anyway (the same value), or, in a row with no
+    # history, column 0 with factor 1: no copy of the row is needed to give -1 somewhere to go
+    cols = torch.where(valid, history_cols, history_cols.amax(dim=1, keepdim=True).clamp(min=0))  # (B, W)
+    p = torch.where(valid.any(dim=1), penalty, 1.0)[:, None]  # (B, 1)
+    seen = logits.gather(1, cols)
     # duplicates write the same value: each column is penalised once, however often it repeats
-    padded.scatter_(1, cols, torch.where(seen > 0, seen / p, seen * p))
-    return padded[:, :c]
+    return logits.scatter_(1, cols, torch.where(seen > 0, seen / p, seen * p))
 
 
 def draw(logits: torch.Tensor, params: SamplingBatch) -> Draw:
     """The column chosen for each row of ``logits`` (B, C), left on the device; -inf columns are
-    never chosen. No read-back."""
+    never chosen. No read-back. Greedy rows take the argmax; rows with a top-k sample among their
+    k best only (:func:`_draw_top_k`); the others by the nucleus rule over the whole row
+    (:func:`_draw_nucleus`). Which way a row goes depends on its own parameters only."""
     n, c = logits.shape
     device = logits.device
     greedy = [t <= 0 for t in params.temperature]
@@ -94,28 +102,95 @@ def draw(logits: torch.Tensor, params: SamplingBatch) -> Draw:
         return Draw(logits.argmax(dim=-1))
     no_draws = torch.zeros(ROUNDS + 1)
     host = torch.cat([
-        torch.tensor([[1.0 if g else t, p, float(k), float(g)]
+        torch.tensor([[1.0 if g else t, p, float(k)]
                       for t, p, k, g in zip(params.temperature, params.top_p, params.top_k, greedy, strict=True)]),
         torch.stack([no_draws if g else torch.rand(ROUNDS + 1, generator=gen)
                      for g, gen in zip(greedy, params.generators, strict=True)]),
-    ], dim=1)  # (B, 4 + ROUNDS + 1)
+    ], dim=1)  # (B, 3 + ROUNDS + 1)
     packed = upload(host, device)
-    temperature, top_p, top_k, is_greedy = packed[:, 0], packed[:, 1], packed[:, 2].long(), packed[:, 3] > 0
-    uniform = packed[:, 4:]  # (B, ROUNDS + 1)
-    scaled = logits / temperature[:, None]
-    if any(k > 0 for k in params.top_k):
-        k_max = min(max(params.top_k), c)
-        kth = scaled.topk(k_max, dim=-1).values.gather(1, (top_k.clamp(1, k_max) - 1)[:, None])  # (B, 1)
-        scaled = scaled.masked_fill((top_k[:, None] > 0) & (scaled < kth), float("-inf"))
-    probs = scaled.softmax(dim=-1)  # (B, C)
-    cdf = probs.cumsum(dim=-1)
-    candidates = torch.searchsorted(cdf, uniform[:, :ROUNDS] * cdf[:, -1:], right=True).clamp_(max=c - 1)  # (B, R)
+    temperature, top_p, top_k, uniform = packed[:, 0], packed[:, 1], packed[:, 2].long(), packed[:, 3:]
+    cols = logits.argmax(dim=-1) if any(greedy) else torch.empty(n, dtype=torch.long, device=device)
+    out = Draw(cols)
+    top_k_rows = [r for r in range(n) if not greedy[r] and params.top_k[r] > 0]
+    nucleus_rows = [r for r in range(n) if not greedy[r] and params.top_k[r] <= 0]
+    if top_k_rows:
+        k_max = min(max(params.top_k[r] for r in top_k_rows), c)
+        sel = _select(top_k_rows, n, device)
+        out.cols = _put(out.cols, sel, _draw_top_k(_take(logits, sel), _take(temperature, sel), _take(top_k, sel),
+                                                    _take(top_p, sel), _take(uniform, sel)[:, 0], k_max))
+    if nucleus_rows:
+        sel = _select(nucleus_rows, n, device)
+        picked, probs = _draw_nucleus(_take(logits, sel), _take(temperature, sel), _take(top_p, sel),
+                                      _take(uniform, sel)[:, :ROUNDS])
+        out.cols = _put(out.cols, sel, picked)
+        out.probs, out.top_p, out.fallback_uniform = probs, _take(top_p, sel), _take(uniform, sel)[:, ROUNDS]
+        out.rows = None if sel is None else nucleus_rows
+    return out
+
+
+def _select(rows: list[int], n: int, device: torch.device) -> torch.Tensor | None:
+    """Index of ``rows`` on the device; None when they are the whole batch (no copy then)."""
+    return None if len(rows) == n else upload(rows, device)
+
+
+def _take(t: torch.Tensor, sel: torch.Tensor | None) -> torch.Tensor:
+    return t if sel is None else t[sel]
+
+
+def _put(cols: torch.Tensor, sel: torch.Tensor | None, values: torch.Tensor) -> torch.Tensor:
+    return values if sel is None else cols.index_put((sel,), values)
+
+
+def _draw_top_k(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                uniform: torch.Tensor, k_max: int) -> torch.Tensor:
+    """(B,) columns sampled among each row's ``top_k`` most likely (ties at the k-th broken by
+    position), then within those by the sorted nucleus rule: one pass over the vocabulary (the
+    top-k itself); everything after it is (B, k_max)."""
+    values, index = logits.topk(k_max, dim=-1)  # (B, k) most likely first
+    beyond = torch.arange(k_max, device=logits.device)[None, :] >= top_k[:, None]
+    p = (values / temperature[:, None]).masked_fill(beyond, float("-inf")).softmax(dim=-1)
+    p = p * ((p.cumsum(dim=-1) - p) < top_p[:, None])  # the nucleus of the k
+    cdf = p.cumsum(dim=-1)
+    j = torch.searchsorted(cdf, (uniform[:, None] * cdf[:, -1:]).contiguous(), right=True).clamp_(max=k_max - 1)
+    return index.gather(1, j).squeeze(1)
+
+
+def _draw_nucleus(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniform: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B,) columns by the nucleus rule over whole rows (the module doc), -1 where no candidate was
+    in the nucleus; and the probabilities, for the fallback."""
+    probs = (logits / temperature[:, None]).softmax(dim=-1)  # (B, C)
+    candidates = _inverse_cdf(probs, uniform)  # (B, R)
     accept = _in_nucleus(probs, probs.gather(1, candidates), top_p)  # (B, R)
     first = accept.int().argmax(dim=1, keepdim=True)  # the first accepted candidate
-    cols = torch.where(accept.any(dim=1), candidates.gather(1, first).squeeze(1), -1)
-    if any(greedy):
-        cols = torch.where(is_greedy, logits.argmax(dim=-1), cols)
-    return Draw(cols, probs, top_p, uniform[:, ROUNDS])
+    return torch.where(accept.any(dim=1), candidates.gather(1, first).squeeze(1), -1), probs
+
+
+BLOCK = 1024  # columns per block of the two-level inverse CDF
+
+
+def _inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """(B, R) columns drawn from each row of ``probs`` (B, C) by inverse CDF at ``uniform`` (B, R),
+    in two levels: the mass of each 1024-column block (one summing pass over the row, where a
+    cumulative sum over 157k columns costs 3-4x as much), the block each draw lands in, then the
+    cumulative sum inside that block only. Never a zero-probability column."""
+    b, c = probs.shape
+    whole = c // BLOCK * BLOCK
+    sums = probs[:, :whole].reshape(b, -1, BLOCK).sum(dim=-1)  # (B, NB) a view, then one pass
+    if whole < c:
+        sums = torch.cat([sums, probs[:, whole:].sum(dim=-1, keepdim=True)], dim=1)
+    block_cdf = sums.cumsum(dim=-1)  # (B, NB)
+    target = uniform * block_cdf[:, -1:]  # (B, R)
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
+    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), 0.0)  # mass of earlier blocks
+    offsets = block[..., None] * BLOCK + torch.arange(BLOCK, device=probs.device)  # (B, R, BLOCK)
+    inside = probs.gather(1, offsets.clamp(max=c - 1).reshape(b, -1)).reshape(offsets.shape)
+    inside = inside.masked_fill(offsets >= c, 0.0)
+    cdf = inside.cumsum(dim=-1)  # (B, R, BLOCK)
+    j = torch.searchsorted(cdf, (target - before)[..., None], right=True).squeeze(-1)  # (B, R)
+    # rounding between the block sums and this sum may step past the block's last likely column
+    last = torch.where(inside > 0, torch.arange(BLOCK, device=probs.device), 0).amax(dim=-1)
+    return block * BLOCK + torch.minimum(j, last)
 
 
 def sample(logits: torch.Tensor, params: SamplingBatch) -> list[int]:
