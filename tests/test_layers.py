@@ -17,6 +17,7 @@ SRC = REPO_ROOT / "src" / "lyre"
 LAYERS = {
     "lyre": 0,  # the package's face: __version__ and the library API, imported on first use
     "errors": 0,
+    "cpu": 0,  # the CPU ledger every part charges (lyre.cpu)
     "v1": 0,  # generated gRPC stubs
     "integrations": 0,  # client-side adapters (Pipecat): they speak to a server, they import none of it
     "model": 1,

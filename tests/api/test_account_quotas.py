@@ -74,8 +74,9 @@ def test_an_account_at_its_quota_waits_and_is_refused_while_another_is_served_at
     assert int(dict(over.value.trailing_metadata())["retry-after"]) >= 1
     # the attacker sees the load and its own sessions, not the engine's figures; an operator sees all
     assert (mine["account"]["name"], mine["account"]["active_sessions"]) == ("attacker", 2)
-    assert "engine" not in mine and "accounts" not in mine
+    assert "engine" not in mine and "accounts" not in mine and "cpu_seconds" not in mine
     assert "engine" in everything and everything["accounts"]["attacker"]["active_sessions"] == 2
+    assert everything["cpu_seconds"]["process"] > everything["cpu_seconds"]["model"] > 0
     assert 'lyre_account_sessions{account="attacker",state="active"} 2.0' in metrics
     assert 'lyre_account_refusals_total{account="attacker",quota="accounts.max_sessions + accounts.max_queued"}' \
         in metrics

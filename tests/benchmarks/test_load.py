@@ -45,6 +45,12 @@ def test_scaling_with_slo_search_plot_and_peer(bench, server, tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
     assert result["machine"]["python"] and result["settings"]["mode"] == "scaling"
     assert "lyre / transformers at 2 users" in run.stdout and "largest concurrency meeting" in run.stdout
+    for lv in lyre["levels"]:  # the server's CPU per audio second, by part (the peer's parts are not charged)
+        cost = lv["cpu_s_per_audio_s"]
+        assert set(cost) == {"model", "sampling", "codec", "encoding", "rest", "total"}
+        assert cost["model"] > 0 and cost["sampling"] > 0 and cost["codec"] > 0
+        assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"), rel=1e-6)
+    assert "server CPU s per audio s" in run.stdout
 
 
 def test_an_impossible_slo_finds_zero(bench, server, tmp_path):

@@ -168,4 +168,6 @@ def test_scaling_mode_serves_the_peer_through_the_same_protocol(bench, server, t
         frames = r["audio_s"] * orpheus.SAMPLE_RATE / orpheus.SAMPLES_PER_FRAME
         assert frames >= 1 and frames == pytest.approx(round(frames), abs=1e-6), r
     assert [r["concurrency"] for r in result["ratios_vs_llamacpp"]["lyre"]] == [2]
+    cost = peer["cpu_s_per_audio_s"]  # llama.cpp's decode, its sampler chain and the window decodes charged
+    assert cost["model"] > 0 and cost["sampling"] > 0 and cost["codec"] > 0
     assert list(tmp_path.glob("peer/*-f32.gguf"))

@@ -106,3 +106,52 @@ def test_prepare_exports_what_the_configured_runtime_needs(snac_dir, capsys):
     assert "nothing to prepare" in capsys.readouterr().out
     assert main(["prepare", "--set", "codec.runtime=tensorrt"]) == 1
     assert "codec.runtime" in capsys.readouterr().err
+
+
+def _rounds(codec, streams_frames, settings):
+    """Every stream gets one frame a round and every due job of the round is decoded in one
+    ``codec.decode`` (as the audio pipeline batches the sessions that flush together)."""
+    streams = [codec.new_stream(settings) for _ in streams_frames]
+    audio = [[] for _ in streams]
+    for r in range(len(streams_frames[0]) + 1):
+        jobs = []
+        for s, frames in zip(streams, streams_frames, strict=True):
+            if r < len(frames):
+                s.push(frames[r : r + 1])
+            else:
+                s.finish()
+            while (job := s.plan(1, need_audio=True)) is not None:
+                jobs.append(job)
+                break
+        for job, result in zip(jobs, codec.decode(jobs), strict=True):
+            audio[streams.index(job.stream)].append(job.stream.complete(job, result))
+    for i, s in enumerate(streams):  # the rest of each finished stream
+        while (job := s.plan(1, need_audio=True)) is not None:
+            audio[i].append(s.complete(job, codec.decode([job])[0]))
+    return [np.concatenate(a) for a in audio]
+
+
+def test_a_batch_split_across_concurrent_calls_decodes_the_same_audio(snac_dir):
+    """codec.cpu_threads 2 with onnxruntime: a round's batched call runs as 2 one-thread calls at
+    once (on another thread too), and every stream's audio is what one call gives."""
+    import threading
+
+    runtime_or_skip("onnxruntime")
+    model = StreamingSnac(configure_noise(checkpoint.load_snac(snac_dir), False)).eval()
+    runner, offline_runner = (codec_onnx.RUNNERS["onnxruntime"](model, CACHE, kind, 1) for kind in codec_onnx.KINDS)
+    threads = set()
+
+    def recording(*args):
+        threads.add(threading.current_thread().name)
+        return runner(*args)
+
+    streams_frames = [random_frames(6, seed=40 + i) for i in range(5)]
+    settings = StreamSettings(warmup_frames=2)
+    one = _rounds(StreamCodec(model, runner, "onnxruntime", offline=offline_runner), streams_frames, settings)
+    split = StreamCodec(model, recording, "onnxruntime", offline=offline_runner, parallel=2)
+    two = _rounds(split, streams_frames, settings)
+    split.close()
+    assert any(name.startswith("lyre-codec-part") for name in threads) and len(threads) == 2
+    for a, b in zip(one, two, strict=True):
+        assert len(a) == len(b) == 6 * F
+        np.testing.assert_allclose(b, a, atol=1e-5 * np.abs(a).max())

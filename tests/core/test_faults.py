@@ -61,15 +61,15 @@ def inject(tts, stage: str, monkeypatch) -> None:
 
         monkeypatch.setattr(orpheus.AudioTokenParser, "feed", failing_feed)
     elif stage == "codec":
-        decode_group = codec._decode_group
+        results = codec._results  # (after the call: a failing call is retried stream by stream)
 
-        def failing_decode(group, prefix):
+        def failing_decode(group, rows, *args):
             s = poisoned_session()
-            if s is not None and any(j.stream is s.segments[0].decoder for j in group):
+            if s is not None and any(group[r].stream is s.segments[0].decoder for r in rows):
                 raise fault
-            return decode_group(group, prefix)
+            return results(group, rows, *args)
 
-        monkeypatch.setattr(codec, "_decode_group", failing_decode)
+        monkeypatch.setattr(codec, "_results", failing_decode)
     elif stage == "plan":
         original = ExactStream.plan
 

@@ -39,6 +39,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from lyre.cpu import LEDGER
 from lyre.model import orpheus
 
 SOURCE_RATE = orpheus.SAMPLE_RATE
@@ -300,6 +301,10 @@ class AudioEncoder:
 
     def encode(self, pcm: np.ndarray, last: bool = False) -> bytes:
         """Bytes for the int16 24 kHz ``pcm`` (possibly empty while an encoder fills a frame)."""
+        with LEDGER.measure("encoding"):
+            return self._encode_chunk(pcm, last)
+
+    def _encode_chunk(self, pcm: np.ndarray, last: bool) -> bytes:
         pcm = np.ascontiguousarray(pcm, dtype=np.int16).reshape(-1)
         if self._stretch is not None:
             pcm = self._stretch.process(pcm, last)

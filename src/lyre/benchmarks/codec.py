@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lyre.codec import StreamSettings, WindowCodec, configure_noise
+from lyre.codec import StreamSettings, WindowCodec, configure_noise, runtime_threads
 from lyre.codec.stream import StreamCodec
 from lyre.codec.streaming import StreamingSnac, fold_weight_norm
 from lyre.config import LyreConfig
@@ -71,12 +71,14 @@ def run(cfg: LyreConfig, batches: list[int], chunk: int, runtimes: list[str], pr
             rows.append({"mode": "stream", "runtime": runtime, "skipped": why})
             continue
         runner = offline = None
+        intra, parallel = runtime_threads(runtime, cfg.codec.cpu_threads) if runtime != "torch" else (0, 1)
         if runtime != "torch":
-            runner, offline = (onnx.RUNNERS[runtime](model, cfg.codec.onnx_dir, kind, cfg.codec.cpu_threads)
-                               for kind in onnx.KINDS)
+            runner, offline = (onnx.RUNNERS[runtime](model, cfg.codec.onnx_dir, kind, intra) for kind in onnx.KINDS)
         for b in batches:
             progress(f"codec: stream mode, {runtime}, batch {b} ...")
-            ms, ratio, audio = _rounds(StreamCodec(model, runner, runtime, offline=offline), b, chunk, settings)
+            codec = StreamCodec(model, runner, runtime, offline=offline, parallel=parallel)
+            ms, ratio, audio = _rounds(codec, b, chunk, settings)
+            codec.close()
             reference.setdefault(b, audio)
             n = min(len(audio), len(reference[b]))
             err = float(np.abs(audio[:n] - reference[b][:n]).max() / max(1e-9, np.abs(reference[b][:n]).max()))

@@ -51,6 +51,20 @@ def codec_figures(before: dict | None, after: dict | None) -> dict[str, float | 
     }
 
 
+def cost_figures(before: dict | None, after: dict | None, audio_s: float) -> dict[str, Any]:
+    """``cpu_s_per_audio_s``: the server's CPU seconds per second of audio it delivered between two
+    /v1/stats snapshots, by part (model, sampling, codec, encoding; the rest: everything else the
+    process did), from its ``cpu_seconds`` (lyre.cpu). None without them (an older server, or one
+    behind a balancer)."""
+    b, a = (before or {}).get("cpu_seconds"), (after or {}).get("cpu_seconds")
+    if not a or not b or audio_s <= 0:
+        return {"cpu_s_per_audio_s": None}
+    spent = {k: a[k] - b[k] for k in a if k in b}
+    parts = {k: v / audio_s for k, v in spent.items() if k != "process"}
+    total = spent["process"] / audio_s
+    return {"cpu_s_per_audio_s": {**parts, "rest": max(0.0, total - sum(parts.values())), "total": total}}
+
+
 def summarize(results: list[RequestResult], wall_s: float, before: dict | None, after: dict | None) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ttfb = [r.ttfb_ms for r in ok if r.ttfb_ms is not None]
@@ -68,6 +82,7 @@ def summarize(results: list[RequestResult], wall_s: float, before: dict | None, 
         "audio_s_per_wall_s": sum(r.audio_s for r in ok) / wall_s if wall_s else 0.0,
         "server_tokens_per_s": tokens / wall_s if tokens is not None and wall_s else None,
         **codec_figures(before, after),
+        **cost_figures(before, after, sum(r.audio_s for r in ok)),
         **prompt_figures(before, after, len(results)),
         "wall_s": wall_s,
         "per_request": [asdict(r) for r in results],

@@ -230,6 +230,21 @@ def level_table(engines: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+COST_PARTS = ("model", "sampling", "codec", "encoding", "rest", "total")
+
+
+def cost_table(engines: dict[str, Any]) -> str:
+    """CPU seconds the server spent per second of audio it delivered, by part, per engine and level."""
+    rows = [(name, lv) for name, entry in engines.items() for lv in entry["levels"] if lv.get("cpu_s_per_audio_s")]
+    if not rows:
+        return ""
+    lines = ["server CPU s per audio s:  " + "".join(f"{p:>10}" for p in COST_PARTS)]
+    for name, lv in rows:
+        cost = lv["cpu_s_per_audio_s"]
+        lines.append(f"{name:<18}{lv['concurrency']:>3} users" + "".join(f"{cost.get(p, 0.0):>10.3f}" for p in COST_PARTS))
+    return "\n".join(lines)
+
+
 def summary_text(result: dict[str, Any]) -> str:
     parts = []
     if result["mode"] == "all":
@@ -240,6 +255,8 @@ def summary_text(result: dict[str, Any]) -> str:
                          f"real-time={_fmt(r['real_time_streams'], 'd')}/{r['requests']} audio s/s={r['audio_s_per_wall_s']:.2f}")
     if result["mode"] in ("scaling", "all"):
         parts.append(level_table(result["engines"]))
+        if costs := cost_table(result["engines"]):
+            parts.append(costs)
         for key, rows in result.items():
             if key.startswith("ratios_vs_"):
                 for name, rs in rows.items():

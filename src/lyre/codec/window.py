@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from lyre.codec.base import CodecCounters, CodecStats, Crossfade, F, StreamSettings, decode_isolated
+from lyre.cpu import LEDGER
 from lyre.model import orpheus
 
 
@@ -150,6 +151,7 @@ class WindowCodec:
 
     mode = "window"
     runtime = "torch"
+    parallel = 1  # calls run at once (one: in the caller's thread)
 
     def __init__(self, snac: nn.Module, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32):
         self.snac = snac
@@ -163,6 +165,9 @@ class WindowCodec:
         self.live.add(stream)
         return stream
 
+    def close(self) -> None:
+        """(Nothing to release: window mode runs in the caller's thread.)"""
+
     def stats(self) -> CodecStats:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live))
 
@@ -174,7 +179,9 @@ class WindowCodec:
             by_len.setdefault(len(job.frames), []).append(i)
         for idx in by_len.values():
             # (B, T, 7) -> (B, T * 2048); a failed batch is retried job by job
-            audio = decode_isolated([jobs[i] for i in idx], lambda group: self._decode(np.stack([j.frames for j in group])))
+            with LEDGER.measure("codec"):
+                audio = decode_isolated([jobs[i] for i in idx],
+                                        lambda group: self._decode(np.stack([j.frames for j in group])))
             for row, i in enumerate(idx):
                 out[i] = audio[row]
         return out  # type: ignore[return-value]

@@ -3,7 +3,8 @@
 :class:`AudioPipeline` owns the codec and every segment's codec stream. Each round it plans the
 chunks that are due, most urgent first (least playback slack; sessions still waiting for their
 first audio before all), and decodes as many as fit in ``codec.max_round_ms`` at the recent cost
-per frame (at least one) — the rest stay due for the next round, so a burst of flushes never
+per frame (at least one; with a codec that runs ``parallel`` calls at once, that much on each of
+its lanes) — the rest stay due for the next round, so a burst of flushes never
 stalls the token engine, or a new session's first chunk, for long. With
 ``overlap`` the codec decodes on its own thread while the engine keeps stepping: the engine thread
 hands it one round of jobs, steps on, and delivers that round's audio at the first step after it is
@@ -161,6 +162,7 @@ class AudioPipeline:
     def shutdown(self) -> None:
         if self._overlap is not None:
             self._overlap.shutdown()
+        self.codec.close()
 
     def _plan(self, sessions: list[Session], now: float, out: AudioOutcome) -> list[Job]:
         """Due jobs (at most one per session), least slack first with accounts in turn, within the
@@ -180,14 +182,16 @@ class AudioPipeline:
         due.sort(key=lambda j: (j[0].slack(now), j[0].order))
         self._rounds += 1  # each account's most urgent first, accounts in turn (the first one rotating)
         due = by_account(due, lambda j: j[0].account, self._rounds)
+        # per lane: a codec that runs ``parallel`` calls at once decodes that many jobs in a round's time
         budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
-        jobs, used = [], 0
+        lanes = [0] * self.codec.parallel  # frames planned on each
+        jobs = []
         for job in due:
-            cost = job[2].cost
-            if jobs and used + cost > budget:
+            cost, lane = job[2].cost, min(range(len(lanes)), key=lanes.__getitem__)
+            if lanes[lane] and lanes[lane] + cost > budget:
                 continue  # stays due: planned again next round
             jobs.append(job)
-            used += cost
+            lanes[lane] += cost
         return jobs
 
     def _due(self, s: Session, now: float, sessions: int) -> Job | None:
@@ -215,7 +219,8 @@ class AudioPipeline:
             self.codec.counters.decode_s += spent
             self.round_s = 0.7 * self.round_s + 0.3 * spent
             frames = sum(job.cost for _, _, job in jobs)
-            self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * spent / max(1, frames)
+            lanes = min(self.codec.parallel, max(1, len(jobs)))  # (a lane's time per frame)
+            self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * spent * lanes / max(1, frames)
 
     def _deliver(self, jobs: list[Job], results: list[Any] | Exception, now: float, out: AudioOutcome) -> None:
         if isinstance(results, Exception):

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lyre.codec.base import CodecStats
+from lyre.cpu import LEDGER
 from lyre.engine.base import EngineStats
 
 
@@ -97,5 +98,6 @@ class StatsSnapshot:
                        "prefilled_tokens": e.prefilled_tokens, **e.extra},
             "codec": self.codec.as_dict() if self.codec is not None else {},
             "accounts": {a: asdict(load) for a, load in sorted(self.accounts.items())},
+            "cpu_seconds": LEDGER.snapshot(),  # this process's CPU time, by part (lyre.cpu)
             **self.extra,
         }

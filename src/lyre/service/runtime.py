@@ -94,7 +94,7 @@ class Runtime:
 @dataclass(frozen=True)
 class CpuSplit:
     engine_threads: int  # torch's intra-op threads for the PyTorch engine on CPU
-    codec_threads: int  # the CPU codec runtime's threads
+    codec_threads: int  # cores the CPU codec runtime may use (lyre.codec.runtime_threads splits them)
     overlap: bool  # the codec decodes on its own thread while the engine steps
 
 
@@ -207,14 +207,15 @@ def _engine_threads(cfg: LyreConfig) -> int:
 
 def cpu_split(cfg: LyreConfig, codec_device: str) -> CpuSplit:
     """How the engine and the codec share the CPU. With a CPU runtime of its own (onnxruntime,
-    openvino) the codec decodes on its own thread while the engine steps (``codec.overlap: auto``),
-    on the cores the engine leaves; without overlap it has every core between engine steps."""
+    openvino) the codec decodes on its own thread while the engine steps (``codec.overlap: auto``).
+    It may use every core (``codec.cpu_threads: 0``): the engine thread waits for the GIL or for
+    work much of a step on a small model, and where it does not, the kernel shares the cores."""
     cores = os.cpu_count() or 2
     engine_threads = _engine_threads(cfg)
     c = cfg.codec
     overlap = c.overlap == "on" or (c.overlap == "auto" and (codec_device == "cuda" or (
         c.mode == "stream" and cores >= 2 and _cpu_runtime(c.runtime, codec_device))))
-    codec_threads = c.cpu_threads or (max(1, cores - engine_threads) if overlap else cores)
+    codec_threads = c.cpu_threads or cores
     return CpuSplit(engine_threads, codec_threads, overlap)
 
 

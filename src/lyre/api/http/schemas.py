@@ -198,6 +198,9 @@ class Stats(BaseModel):
     total_batches: int
     engine: dict[str, Any] = Field(description="the backend ('torch' or 'trtllm') and its statistics")
     codec: dict[str, Any] = Field(description="the codec's mode, runtime and counters")
+    cpu_seconds: dict[str, float] | None = Field(
+        None, description="operator view: this process's CPU seconds so far by part (model, sampling, codec, "
+                          "encoding) and in all (process)")
 
 
 class Ready(_Shape):

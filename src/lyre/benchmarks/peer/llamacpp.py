@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from lyre.cpu import LEDGER
 from lyre.model import orpheus
 
 PENALTY_WINDOW = 64  # Lyre's repetition-penalty window (generated tokens)
@@ -178,14 +180,19 @@ class LlamaCpp:
         if not n:
             return 0
         b.n_tokens = n
-        rc = lc.llama_decode(self._ctx, b)
+        t0 = time.perf_counter()
+        with LEDGER.measure("model"):
+            rc = lc.llama_decode(self._ctx, b)
+        # llama.cpp's other threads run (and spin) for the whole decode: their CPU, not this thread's
+        LEDGER.add("model", (self.threads - 1) * (time.perf_counter() - t0))
         if rc != 0:
             raise RuntimeError(f"llama_decode returned {rc}")
         self.steps += 1
         for seq, i in outputs:
-            if seq.sampling.constrain_audio:
-                self._constrain(i, len(seq.generated))
-            tok = lc.llama_sampler_sample(seq._chain, self._ctx, i)
+            with LEDGER.measure("sampling"):
+                if seq.sampling.constrain_audio:
+                    self._constrain(i, len(seq.generated))
+                tok = lc.llama_sampler_sample(seq._chain, self._ctx, i)
             seq.generated.append(tok)
             seq.done = tok in seq.sampling.stop_ids or len(seq.generated) >= seq.sampling.max_tokens
             if seq.on_tokens is not None:

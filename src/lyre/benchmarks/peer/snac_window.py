@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from lyre.cpu import LEDGER
 from lyre.model import orpheus
 from lyre.service.stream import to_int16
 
@@ -49,7 +50,7 @@ class SlidingWindowDecoder:
 
     def _decode(self, frames: list[orpheus.Frame]) -> np.ndarray:
         codes = [torch.from_numpy(c)[None].to(self._device) for c in orpheus.frames_to_codes(frames)]
-        with torch.inference_mode():
+        with torch.inference_mode(), LEDGER.measure("codec"):
             audio = self._snac.decode(codes)[0, 0].float().cpu().numpy()  # (len(frames) * 2048,)
         self.decodes += 1
         self.decoded_frames += len(frames)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from lyre.config import LyreConfig
+from lyre.cpu import LEDGER
 from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_prompt
 from lyre.engine.torch.host_heap import keep_freed_memory
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
@@ -233,8 +234,10 @@ class TorchEngine:
         saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
         try:
             batch, samplers = self._build(decode, prefill)
-            hidden = self.model(batch, self.cache)  # (N, H): one row per sampling sequence
-            tokens, logits, logit_ids = self.sampler.sample(samplers, hidden)
+            with LEDGER.measure("model"):
+                hidden = self.model(batch, self.cache)  # (N, H): one row per sampling sequence
+            with LEDGER.measure("sampling"):
+                tokens, logits, logit_ids = self.sampler.sample(samplers, hidden)
         except Exception:
             for s, (cached, rng) in zip(seqs, saved, strict=True):
                 s.num_cached = cached
