@@ -133,7 +133,8 @@ def test_without_llama_cpp_the_peer_is_refused_with_the_extra_to_install(bench, 
                 "--max-tokens", "7", "--baseline-requests", "0", "--baseline", "llamacpp",
                 "--set", f"data_dir={tmp_path}")
     assert run.returncode == 1
-    assert "the llama.cpp peer needs llama-cpp-python: pip install -e '.[peer]'" in run.stderr
+    assert "the llama.cpp peer needs llama-cpp-python and gguf: pip install -e '.[peer]'" in run.stderr
+    assert not list(tmp_path.glob("peer/*.gguf"))  # said before any export
 
 
 @needs_llama_cpp

@@ -131,27 +131,42 @@ def _rounds(codec, streams_frames, settings):
     return [np.concatenate(a) for a in audio]
 
 
-def test_a_batch_split_across_concurrent_calls_decodes_the_same_audio(snac_dir):
+@pytest.mark.parametrize("noise", [False, True])
+def test_a_batch_split_across_concurrent_calls_decodes_the_same_audio(request, noise):
     """codec.cpu_threads 2 with onnxruntime: a round's batched call runs as 2 one-thread calls at
-    once (on another thread too), and every stream's audio is what one call gives."""
+    once, and every stream's audio is what one call gives — its noise too, with a seed."""
     import threading
 
     runtime_or_skip("onnxruntime")
-    model = StreamingSnac(configure_noise(checkpoint.load_snac(snac_dir), False)).eval()
+    snac_dir = request.getfixturevalue("demo_dir") / "snac" if noise else request.getfixturevalue("snac_dir")
+    model = StreamingSnac(configure_noise(checkpoint.load_snac(snac_dir), noise, seed=7)).eval()
     runner, offline_runner = (codec_onnx.RUNNERS["onnxruntime"](model, CACHE, kind, 1) for kind in codec_onnx.KINDS)
-    threads = set()
-
-    def recording(*args):
-        threads.add(threading.current_thread().name)
-        return runner(*args)
-
     streams_frames = [random_frames(6, seed=40 + i) for i in range(5)]
     settings = StreamSettings(warmup_frames=2)
-    one = _rounds(StreamCodec(model, runner, "onnxruntime", offline=offline_runner), streams_frames, settings)
-    split = StreamCodec(model, recording, "onnxruntime", offline=offline_runner, parallel=2)
+    one = _rounds(StreamCodec(model, runner, "onnxruntime", offline=offline_runner, noise_seed=7), streams_frames,
+                  settings)
+    split = StreamCodec(model, runner, "onnxruntime", offline=offline_runner, parallel=2, noise_seed=7)
     two = _rounds(split, streams_frames, settings)
-    split.close()
-    assert any(name.startswith("lyre-codec-part") for name in threads) and len(threads) == 2
     for a, b in zip(one, two, strict=True):
         assert len(a) == len(b) == 6 * F
         np.testing.assert_allclose(b, a, atol=1e-5 * np.abs(a).max())
+
+    # the two halves of one round really run at once: the first waits for the second to start
+    second_started, rows = threading.Event(), []
+
+    def meeting(*args):
+        rows.append(len(args[0]))
+        if len(rows) == 1:
+            assert second_started.wait(timeout=60), "the second half never ran beside the first"
+        else:
+            second_started.set()
+        return offline_runner(*args)
+
+    split.offline = meeting  # (first chunks: prefix decodes)
+    streams = [split.new_stream(settings) for _ in range(4)]
+    for s, frames in zip(streams, streams_frames, strict=False):
+        s.push(frames[:2])
+    jobs = [s.plan(1, need_audio=True) for s in streams]
+    results = split.decode(jobs)
+    split.close()
+    assert sorted(rows) == [2, 2] and not any(isinstance(r, Exception) for r in results)

@@ -106,8 +106,9 @@ def run_llamacpp_levels(cfg: LyreConfig, model_dir: Path, prompts: list[list[int
     the checkpoint exported to GGUF (f32, or q8_0 with ``model.quantize: int8``), every level's
     requests decoded together as ``llama-server --parallel`` does, on as many threads as torch uses."""
     from lyre.benchmarks.peer.gguf_export import export_cached
-    from lyre.benchmarks.peer.llamacpp import LlamaCpp, PeerSampling, PeerSequence
+    from lyre.benchmarks.peer.llamacpp import LlamaCpp, PeerSampling, PeerSequence, import_llama_cpp
 
+    import_llama_cpp()  # (before the export: a missing extra is said at once)
     kind = {"none": "f32", "int8": "q8_0"}[cfg.model.quantize]
     progress(f"llama.cpp: exporting {model_dir} to GGUF {kind} (cached under {cfg.data_dir}/peer) ...")
     path = export_cached(model_dir, kind, Path(cfg.data_dir) / "peer")

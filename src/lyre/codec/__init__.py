@@ -80,13 +80,20 @@ class CodecGraphs:
             f"{self.runtime}, {intra} threads"
 
 
+MAX_PARALLEL_CALLS = 4
+
+
 def runtime_threads(runtime: str, threads: int) -> tuple[int, int]:
     """(intra-op threads per call, concurrent calls a batch is split into) for ``threads`` cores (0:
     every core). onnxruntime's session runs concurrently: a batch split across one-thread calls
-    decodes 8 streams in 0.49x one call's time on 2 cores, against 0.70x with 2 intra-op threads;
-    openvino's one infer request cannot, so it gets intra-op threads."""
+    decodes 8 streams in 0.5x one call's time on 2 cores, against 0.7x with 2 intra-op threads. At
+    most 4 calls, the cores shared among them (a lone stream's call, never split, keeps
+    ``cores / calls`` threads); openvino's one infer request cannot run concurrently: threads."""
     cores = threads or os.cpu_count() or 1
-    return (1, cores) if runtime == "onnxruntime" else (cores, 1)
+    if runtime != "onnxruntime":
+        return cores, 1
+    calls = min(cores, MAX_PARALLEL_CALLS)
+    return max(1, cores // calls), calls
 
 
 def load_graphs(cfg: CodecConfig, snac: torch.nn.Module, device: str, threads: int = 0) -> CodecGraphs:

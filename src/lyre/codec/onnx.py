@@ -6,8 +6,9 @@ codes, positions, noise, states -> audio, states) and ``offline`` (:class:`Offli
 frames -> audio, for the warm-up chunks), with dynamic batch and length. Each is exported once by
 ``torch.onnx.export`` and cached on disk under a name derived from its weights, so a restart loads
 it in a second; it is re-exported whenever the weights, the noise setting, torch or Lyre's graph
-change. Both runtimes use the configured thread count (``codec.cpu_threads``); ONNX Runtime runs
-without spin-waiting so that it does not take the cores from the token engine between calls.
+change. Each runner gets its intra-op thread count from :func:`lyre.codec.runtime_threads` (ONNX
+Runtime one thread per call, several calls at once; OpenVINO the codec's cores); ONNX Runtime
+runs without spin-waiting so that it does not take the cores from the token engine between calls.
 Tests check their audio against torch's.
 """
 

@@ -183,7 +183,7 @@ class StreamCodec:
         # 8 streams decode in 0.49x the wall time of one call on one thread (0.70x with 2 intra-op
         # threads instead). A call of one stream is never split.
         self.parallel = max(1, parallel)
-        self._pool = ThreadPoolExecutor(self.parallel - 1, thread_name_prefix="lyre-codec-part") \
+        self._pool = ThreadPoolExecutor(self.parallel, thread_name_prefix="lyre-codec-part") \
             if self.parallel > 1 else None
         self.runner = runner or model
         self.offline = offline or OfflineSnac(model)
@@ -211,26 +211,29 @@ class StreamCodec:
         """Each job's audio and new state, in order; a job whose decode fails gets its exception
         instead (a failed batched call is retried job by job: the others are unaffected).
 
-        Jobs of the same chunk length (and kind) share a call; with ``parallel`` > 1 each such
-        group is split into up to ``parallel`` calls, and all the round's calls run that many at a
-        time. Their inputs are made here first, in job order (the noise drawn the same way
-        whatever the split)."""
+        Jobs of the same chunk length (and kind) share a call; with ``parallel`` > 1, groups are
+        split until the round has about ``parallel`` calls, which run at once. Each group's inputs
+        are made here, whole and in job order (its noise drawn as for one call), and cut by rows."""
         groups: dict[tuple[bool, int], list[int]] = {}
         for i, job in enumerate(jobs):
             groups.setdefault((job.prefix, len(job.frames)), []).append(i)
         calls: list[tuple[bool, list[int], tuple]] = []
         for (prefix, _), idx in groups.items():
-            n = min(self.parallel, len(idx))
+            try:
+                args = self._inputs([jobs[i] for i in idx], prefix)
+            except Exception as e:  # noqa: BLE001 - a job whose inputs cannot be made fails alone
+                calls += [(prefix, [i], e) for i in idx] if len(idx) > 1 else [(prefix, idx, e)]
+                continue
+            n = max(1, min(len(idx), round(self.parallel * len(idx) / len(jobs))))
             bounds = [len(idx) * k // n for k in range(n + 1)]
             for lo, hi in zip(bounds, bounds[1:], strict=False):
-                part = idx[lo:hi]
-                calls.append((prefix, part, self._inputs([jobs[i] for i in part], prefix)))
+                rows = list(range(lo, hi))
+                calls.append((prefix, idx[lo:hi], args if n == 1 else _rows(args, rows)))
         work = lambda call: self._call_isolated(call[0], [jobs[i] for i in call[1]], call[2])  # noqa: E731
         if self._pool is None or len(calls) == 1:
             outputs = [work(call) for call in calls]
         else:
-            futures = [self._pool.submit(work, call) for call in calls[1:]]
-            outputs = [work(calls[0]), *(f.result() for f in futures)]
+            outputs = list(self._pool.map(work, calls))
         out: list[StreamResult | Exception | None] = [None] * len(jobs)
         for (_, part, _), results in zip(calls, outputs, strict=True):
             self.counters.frames_decoded += len(part) * len(jobs[part[0]].frames)
@@ -239,8 +242,11 @@ class StreamCodec:
                 out[i] = result
         return out  # type: ignore[return-value]
 
-    def _call_isolated(self, prefix: bool, group: list[StreamJob], args: tuple) -> list[StreamResult | Exception]:
+    def _call_isolated(self, prefix: bool, group: list[StreamJob], args: tuple | Exception
+                       ) -> list[StreamResult | Exception]:
         """One call for ``group`` with ``args``; if it raises, each job alone (its rows of ``args``)."""
+        if isinstance(args, Exception):  # (its inputs could not be made: see decode)
+            return [args] * len(group)
         def one_call(rows: list[int]) -> list[StreamResult]:  # (charged to the codec: see lyre.cpu)
             return self._results(group, rows, prefix, *self._call(prefix, _rows(args, rows) if len(rows) < len(group)
                                                                     else args))
@@ -297,6 +303,7 @@ class StreamCodec:
 
 def _rows(args: tuple, rows: list[int]) -> tuple:
     """The runner's arguments for some rows of its batch (every argument has the batch first)."""
-    index = torch.tensor(rows)
-    return tuple([t.index_select(0, index) for t in a] if isinstance(a, list) else a.index_select(0, index)
-                 for a in args)
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return t.index_select(0, torch.tensor(rows, device=t.device))
+
+    return tuple([cut(t) for t in a] if isinstance(a, list) else cut(a) for a in args)

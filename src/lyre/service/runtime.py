@@ -207,24 +207,30 @@ def _engine_threads(cfg: LyreConfig) -> int:
 
 def cpu_split(cfg: LyreConfig, codec_device: str) -> CpuSplit:
     """How the engine and the codec share the CPU. With a CPU runtime of its own (onnxruntime,
-    openvino) the codec decodes on its own thread while the engine steps (``codec.overlap: auto``).
-    It may use every core (``codec.cpu_threads: 0``): the engine thread waits for the GIL or for
-    work much of a step on a small model, and where it does not, the kernel shares the cores."""
+    openvino) the codec decodes on its own thread while the engine steps (``codec.overlap: auto``):
+    onnxruntime on every core (``codec.cpu_threads: 0``), openvino on the cores the engine leaves."""
     cores = os.cpu_count() or 2
     engine_threads = _engine_threads(cfg)
     c = cfg.codec
     overlap = c.overlap == "on" or (c.overlap == "auto" and (codec_device == "cuda" or (
         c.mode == "stream" and cores >= 2 and _cpu_runtime(c.runtime, codec_device))))
-    codec_threads = c.cpu_threads or cores
+    # onnxruntime splits a round across the cores (the engine thread waits on the GIL or for work
+    # much of a step); openvino's one call per round keeps to the cores the engine leaves
+    shared = not (overlap and _resolved(c.runtime, codec_device) == "openvino")
+    codec_threads = c.cpu_threads or (cores if shared else max(1, cores - engine_threads))
     return CpuSplit(engine_threads, codec_threads, overlap)
 
 
 def _cpu_runtime(runtime: str, device: str) -> bool:
     """Does a CPU runtime of its own (onnxruntime, openvino) run the streaming codec?"""
+    return _resolved(runtime, device) not in ("torch", None)
+
+
+def _resolved(runtime: str, device: str) -> str | None:
     try:
-        return resolve_runtime(runtime, device) != "torch"
+        return resolve_runtime(runtime, device)
     except CodecError:
-        return False  # build_codec says why
+        return None  # build_codec says why
 
 
 def stream_settings(cfg: LyreConfig) -> StreamSettings:

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lyre.config import ConfigError
 from lyre.cpu import LEDGER
 from lyre.model import orpheus
 
@@ -40,13 +41,23 @@ PENALTY_WINDOW = 64  # Lyre's repetition-penalty window (generated tokens)
 MAX_BATCH_TOKENS = 2048  # prompt tokens + decode tokens one llama_decode takes
 
 
+PINNED = "0.3.36"  # the bindings this file is written against (pyproject's .[peer] pins it)
+
+
 def import_llama_cpp():
-    """The ``llama_cpp`` module, or a clear error naming the extra that installs it."""
+    """The ``llama_cpp`` module, or a clear error naming the extra that installs it (checked before
+    any GGUF is exported: the export alone takes a while)."""
     try:
+        import gguf  # noqa: F401 - (the export's writer)
         import llama_cpp
     except ImportError:
-        raise RuntimeError("the llama.cpp peer needs llama-cpp-python: pip install -e '.[peer]' (it builds "
-                           "llama.cpp from source: a few minutes)") from None
+        raise ConfigError("the llama.cpp peer needs llama-cpp-python and gguf: pip install -e '.[peer]' "
+                          "(it builds llama.cpp from source: a few minutes)") from None
+    # llama.cpp's C API changes between releases, and ctypes passes whatever it is given: a
+    # sampler's arguments in the wrong places would not fail, they would sample differently
+    if llama_cpp.__version__ != PINNED or len(llama_cpp.llama_sampler_init_penalties.argtypes) != 5:
+        raise ConfigError(f"the llama.cpp peer is written against llama-cpp-python {PINNED}; "
+                          f"{llama_cpp.__version__} is installed: pip install -e '.[peer]'")
     return llama_cpp
 
 
@@ -81,7 +92,19 @@ class PeerSequence:
 
     def fail(self, error: str) -> None:
         if self.on_tokens is not None:
-            self.on_tokens([], True, error)
+            try:
+                self.on_tokens([], True, error)
+            except Exception:  # noqa: BLE001 - (its listener is gone too)
+                pass
+
+
+_silence: list = []  # the log callback llama.cpp keeps (process-wide): alive as long as the process
+
+
+def _silent_logger(lc):
+    if not _silence:
+        _silence.append(lc.llama_log_callback(lambda level, text, data: None))
+    return _silence[0]
 
 
 class LlamaCpp:
@@ -91,8 +114,7 @@ class LlamaCpp:
                  quiet: bool = True, extra_buffers: bool = False):
         lc = self._lc = import_llama_cpp()
         if quiet:  # llama.cpp prints every tensor it loads to stderr otherwise
-            self._silence = lc.llama_log_callback(lambda level, text, data: None)
-            lc.llama_log_set(self._silence, ctypes.c_void_p())
+            lc.llama_log_set(_silent_logger(lc), ctypes.c_void_p())
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
         # Extra buffer types repack weights for the CPU's fastest kernels; on a CPU that reports AMX
@@ -113,6 +135,7 @@ class LlamaCpp:
         cparams.no_perf = True
         self._ctx = lc.llama_init_from_model(self._model, cparams)
         if not self._ctx:
+            lc.llama_model_free(self._model)
             raise RuntimeError(f"llama.cpp could not make a context of {sequences} x {ctx_per_sequence} tokens")
         self._memory = lc.llama_get_memory(self._ctx)
         self._batch = lc.llama_batch_init(MAX_BATCH_TOKENS, 0, 1)
@@ -124,8 +147,8 @@ class LlamaCpp:
     # ---------------------------------------------------------------------------------------- admission
 
     def admit(self, seq: PeerSequence) -> bool:
-        """Give ``seq`` a sequence id and a sampler chain; False when all ids are taken or its prompt
-        and ``max_tokens`` do not fit a sequence's context."""
+        """Give ``seq`` a sequence id and a sampler chain; False when all ids are taken. Raises
+        ValueError when its prompt and ``max_tokens`` do not fit a sequence's context."""
         if not self.free_ids:
             return False
         if len(seq.prompt) + seq.sampling.max_tokens > self.ctx_per_sequence or len(seq.prompt) > self.max_batch // 2:
@@ -138,11 +161,11 @@ class LlamaCpp:
                                                                                s.repetition_penalty, 0.0, 0.0))
         if s.temperature <= 0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-        else:
+        else:  # in Lyre's order: temperature, then top-k, then the nucleus of what is left
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(s.temperature))
             if s.top_k:
                 lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(s.top_k))
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(s.top_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(s.temperature))
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(s.seed & 0xFFFFFFFF))
         seq._chain, seq.seq_id = chain, self.free_ids.pop()
         self.running.append(seq)
@@ -168,7 +191,7 @@ class LlamaCpp:
         n = 0
         for seq in self.running:
             pending = seq.prompt[seq.fed:] if seq.fed < len(seq.prompt) else seq.generated[seq.fed - len(seq.prompt):]
-            if n + len(pending) > self.max_batch:
+            if not pending or n + len(pending) > self.max_batch:
                 continue  # (joins the next step)
             for j, tok in enumerate(pending):
                 b.token[n], b.pos[n], b.n_seq_id[n] = tok, seq.fed + j, 1
@@ -196,7 +219,10 @@ class LlamaCpp:
             seq.generated.append(tok)
             seq.done = tok in seq.sampling.stop_ids or len(seq.generated) >= seq.sampling.max_tokens
             if seq.on_tokens is not None:
-                seq.on_tokens([tok], seq.done, None)
+                try:
+                    seq.on_tokens([tok], seq.done, None)
+                except Exception:  # noqa: BLE001 - its listener is gone: this sequence ends, not the step
+                    seq.done = True
         for seq, _ in outputs:
             if seq.done:
                 self._release(seq)

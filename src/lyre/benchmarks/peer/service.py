@@ -33,7 +33,7 @@ from lyre.service.stream import AudioChunk
 from lyre.service.tts import TTSService
 
 from .gguf_export import export_cached
-from .llamacpp import LlamaCpp, PeerSampling, PeerSequence
+from .llamacpp import LlamaCpp, PeerSampling, PeerSequence, import_llama_cpp
 from .snac_window import SlidingWindowDecoder
 
 
@@ -75,10 +75,14 @@ class _Generation(threading.Thread):
                         seq.fail(str(e))
             try:
                 self.tokens += self.llama.step()
-            except RuntimeError as e:  # one failed decode fails the requests in it, not the thread
+            except Exception as e:  # noqa: BLE001 - a failed step fails the requests in it, not the thread
                 for seq in list(self.llama.running):
                     seq.cancelled = True
-                    seq.fail(str(e))
+                    seq.fail(f"{type(e).__name__}: {e}")
+        with self.cond:  # stopped: whoever still waits is told so
+            for seq in [*self.waiting, *self.llama.running]:
+                seq.fail("the peer is shutting down")
+            self.waiting.clear()
         self.llama.close()
 
 
@@ -159,6 +163,7 @@ class LlamaCppBaseline(TTSService):
     """Same validation and API as ``TTSService``; generation is llama.cpp, decoding the sliding window."""
 
     def _load(self) -> None:
+        import_llama_cpp()  # (before the export: a missing extra is said at once)
         cfg = self.config
         self.model = checkpoint.resolve_model(cfg.model, cfg.codec)
         self.tokenizer = checkpoint.load_tokenizer(self.model.llama_dir)
