@@ -173,3 +173,23 @@ def test_the_first_chunk_waits_until_it_can_last_when_asked_to_bridge(model, fir
             break
     assert s.chunks == 1 and s.segments[0].decoder.frames_received == first_at
     assert s.audio_samples == first_at * F - settings.holdback  # one chunk: all the frames so far
+
+
+@pytest.mark.parametrize("parallel", [1, 2])
+def test_a_lone_streams_first_chunk_waits_for_the_codecs_pace_however_many_lanes_it_has(model, parallel):
+    """The codec decodes ~2 frames while a frame's audio plays (40 ms a frame); generation is fast.
+    A lone stream's call is never split, so 2 lanes do not make its frames come faster: the first
+    chunk waits for a second frame either way."""
+    settings = StreamSettings(first_flush_frames=1, every_flush_frames=2, warmup_frames=4)
+    codec = StreamCodec(model, parallel=parallel)
+    pipeline = AudioPipeline(codec, settings, max_round_frames=64)
+    s = session("s", pipeline, [])
+    for n in range(1, 6):
+        s.segments[0].decoder.push(random_frames(1, seed=n))
+        s.tokens, s.first_token_at, s.last_token_at = 7 * n, 0.0, 0.005 * (7 * n - 1) / 7
+        pipeline.frame_cost_s = 0.040  # (the codec's recent pace, as measured: held here)
+        pipeline.finish([s], now=0.005 * n)
+        if s.chunks:
+            break
+    codec.close()
+    assert s.chunks == 1 and s.segments[0].decoder.frames_received == 2

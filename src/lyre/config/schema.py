@@ -56,6 +56,7 @@ class ModelConfig(Section):
     dtype: DType = "auto"
     cpu_threads: int = Field(0, ge=0, le=1024)  # torch threads of the PyTorch engine on CPU; 0 = half the cores
     quantize: choice("none", "int8") = "none"  # int8: the PyTorch engine's decoder linears with int8 weights (CPU)
+    keep_freed_memory: bool = False  # CPU: glibc keeps freed step memory (lyre.engine.torch.host_heap)
     voices: Names = VOICES
     default_voice: str = "tara"
     # other names of the voices (OpenAI's by default); voice names and aliases are case-insensitive

@@ -109,7 +109,8 @@ class AudioPipeline:
           emitted."""
         frame_s = self._frame_s(s)
         if frame_s is not None:  # a frame comes no faster than it is generated, nor than the codec (shared) decodes it
-            frame_s = max(frame_s, self.frame_cost_s * sharing / self.codec.parallel)
+            # (the sessions share the codec's lanes; one session's call is never split)
+            frame_s = max(frame_s, self.frame_cost_s * max(1.0, sharing / self.codec.parallel))
         slack = s.slack(now)
         if slack == float("-inf"):
             if self.first_chunk == "eager" or frame_s is None or stream.frames_received >= self.settings.warmup_frames:

@@ -32,5 +32,5 @@ def _faults(mode: str) -> int:
 
 def test_freed_step_memory_is_reused_instead_of_faulted_in_again():
     four_steps = 4 * 32 * 156940 * 4 // 4096  # pages of one (batch, vocabulary) tensor a step: ~19,600
-    assert _faults("default") > 2 * four_steps  # glibc gives much of it back to the kernel every step
+    assert _faults("default") > four_steps  # glibc gives much of it back to the kernel every step (seen: 39k-98k)
     assert _faults("keep") < four_steps // 2  # kept on the heap: touched again without faults (seen: 0-4905)

@@ -64,6 +64,7 @@ class TorchEngineConfig:
     kv_dtype: torch.dtype = torch.float32
     prefix_cache_bytes: int = 0  # kept prefixes' K/V (voices.prefix_cache_mb); 0 = none kept
     quantize: str = "none"  # int8: the decoder layers' linears with int8 weights (CPU; lyre.engine.torch.quantize)
+    keep_freed_memory: bool = False  # CPU: glibc keeps freed step memory (lyre.engine.torch.host_heap)
 
     @classmethod
     def from_config(cls, cfg: LyreConfig) -> TorchEngineConfig:
@@ -87,6 +88,7 @@ class TorchEngineConfig:
             kv_dtype=pick(cfg.kv_cache.dtype),
             prefix_cache_bytes=cfg.voices.prefix_cache_mb * 2**20,
             quantize=cfg.model.quantize,
+            keep_freed_memory=cfg.model.keep_freed_memory,
         )
 
 
@@ -119,7 +121,7 @@ class TorchEngine:
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
         llama_cfg = checkpoint.read_llama_config(model_dir)
         weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
-        if torch.device(config.device).type == "cpu":
+        if config.keep_freed_memory and torch.device(config.device).type == "cpu":
             keep_freed_memory()  # (host_heap.py: a step's large temporaries without page faults)
         model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
         del weights  # (the float copies: int8 keeps only its own)

@@ -6,8 +6,10 @@ them all in anew. Served from the heap and kept there, the full-vocabulary sampl
 takes 17 ms instead of 31 ms on the small shape, and the engine steps 1.15-1.25x faster at 16-32
 sequences (``benchmark.py --mode engine``, whole vocabulary).
 
-Process-wide, for the CPU engine only; a no-op off glibc. The heap then keeps up to
-``TRIM_BYTES`` of freed memory at its top instead of returning it.
+Process-wide, for the CPU engine only (``model.keep_freed_memory``, off by default: in the server on
+the tiny demo, one run with it held fewer single streams real time — 3/8 and 5/8 against 8/9
+without); a no-op off glibc. The heap then keeps up to ``TRIM_BYTES`` of freed memory at its top
+instead of returning it.
 """
 
 from __future__ import annotations
