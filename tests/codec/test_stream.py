@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -169,3 +170,21 @@ def test_warm_up_runs_every_chunk_shape_once_and_leaves_nothing_behind(quiet_sna
     codec.runner = broken
     with pytest.raises(CodecError, match="warm-up.*no such kernel"):
         warm_up(codec, StreamSettings())
+
+
+def test_a_stream_whose_state_is_broken_fails_alone_in_its_round(codec):
+    """Three streams flush together; one's decoder state is corrupt (its inputs cannot be stacked
+    with the others'): that job gets the error, the other two their audio."""
+    streams = [codec.new_stream(StreamSettings(warmup_frames=0)) for _ in range(3)]
+    for i, s in enumerate(streams):
+        s.push(random_frames(6, seed=60 + i))
+    first = [s.plan(2, need_audio=True) for s in streams]
+    for s, job, result in zip(streams, first, codec.decode(first), strict=True):
+        s.complete(job, result)
+    streams[1].state = [torch.zeros(1, 1, 1) for _ in codec.model.new_state()]  # the wrong shape
+    for s in streams:
+        s.push(random_frames(2, seed=70))
+    jobs = [s.plan(2) for s in streams]
+    results = codec.decode(jobs)
+    assert isinstance(results[1], Exception)
+    assert not isinstance(results[0], Exception) and not isinstance(results[2], Exception)

@@ -221,8 +221,12 @@ class StreamCodec:
         for (prefix, _), idx in groups.items():
             try:
                 args = self._inputs([jobs[i] for i in idx], prefix)
-            except Exception as e:  # noqa: BLE001 - a job whose inputs cannot be made fails alone
-                calls += [(prefix, [i], e) for i in idx] if len(idx) > 1 else [(prefix, idx, e)]
+            except Exception:  # noqa: BLE001 - made again job by job: only a job whose inputs fail gets its error
+                for i in idx:
+                    try:
+                        calls.append((prefix, [i], self._inputs([jobs[i]], prefix)))
+                    except Exception as e:  # noqa: BLE001
+                        calls.append((prefix, [i], e))
                 continue
             n = max(1, min(len(idx), round(self.parallel * len(idx) / len(jobs))))
             bounds = [len(idx) * k // n for k in range(n + 1)]
