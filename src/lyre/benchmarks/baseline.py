@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from lyre.benchmarks.peer.common import PeerStream, peer_stats
 from lyre.codec import configure_noise
-from lyre.core.stats import KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
+from lyre.core.stats import SessionMetrics, StatsSnapshot
 from lyre.engine.backend import BackendChoice
-from lyre.engine.base import EngineStats
 from lyre.errors import SynthesisFailed
 from lyre.model import checkpoint, orpheus
 from lyre.service.stream import AudioChunk, to_int16
@@ -45,19 +45,10 @@ def _audio_constraint(prompt_len: int):
     return AudioConstraint()
 
 
-class _BaselineStream:
+class _BaselineStream(PeerStream):
     def __init__(self, service: TransformersBaseline, prompts: list[list[int]], sampling: dict[str, Any]):
-        self._service, self._prompts, self._sampling = service, prompts, sampling
-        self.session_id = f"b{next(service._ids)}"
-        self.metrics: SessionMetrics | None = None
-        self.timeline = None  # (no timestamps: the peer places no text in its audio)
-        self.segment_texts: list[str] = []
-        self._created = time.monotonic()
+        super().__init__(service, prompts, sampling, "b")
         self._done = False
-        self._cancelled = False
-
-    def __aiter__(self) -> _BaselineStream:
-        return self
 
     async def __anext__(self) -> AudioChunk:
         if self._done or self._cancelled:
@@ -156,11 +147,5 @@ class TransformersBaseline(TTSService):
 
     def stats(self) -> StatsSnapshot:
         busy = int(self.lock.locked())
-        return StatsSnapshot(
-            scheduler=SchedulerStats(total_sessions=self.total_sessions, active_sessions=busy, pending_sessions=0,
-                                     max_concurrent=1, policy="one at a time", throttled_sessions=0),
-            kv_cache=KVCacheStats(used_slots=busy, free_slots=1 - busy),
-            engine=EngineStats(capacity=1, active=busy, waiting=0, prefilling=0, total_requests=self.total_sessions,
-                               total_tokens=self.total_tokens, total_steps=self.total_batches, kv_cache_bytes=0,
-                               backend="transformers"),
-            codec=None, capacity_utilisation=float(busy))
+        return peer_stats("transformers", "one at a time", 1, busy, 0, self.total_sessions, self.total_tokens,
+                          self.total_batches)

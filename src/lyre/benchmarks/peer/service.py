@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 
 from lyre.codec import configure_noise
-from lyre.core.stats import KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
+from lyre.core.stats import SessionMetrics, StatsSnapshot
 from lyre.engine.backend import BackendChoice
-from lyre.engine.base import EngineStats
 from lyre.errors import SynthesisFailed
 from lyre.model import checkpoint, orpheus
 from lyre.service.stream import AudioChunk
 from lyre.service.tts import TTSService
 
+from .common import PeerStream, peer_stats
 from .gguf_export import export_cached
 from .llamacpp import LlamaCpp, PeerSampling, PeerSequence, import_llama_cpp
 from .snac_window import SlidingWindowDecoder
@@ -86,22 +86,13 @@ class _Generation(threading.Thread):
         self.llama.close()
 
 
-class _PeerStream:
+class _PeerStream(PeerStream):
     """One synthesis: its segments generated one after another, audio from the sliding window."""
 
     def __init__(self, service: LlamaCppBaseline, prompts: list[list[int]], sampling: PeerSampling):
-        self._service, self._prompts, self._sampling = service, prompts, sampling
-        self.session_id = f"p{next(service._ids)}"
-        self.metrics: SessionMetrics | None = None
-        self.timeline = None  # (no timestamps: the peer places no text in its audio)
-        self.segment_texts: list[str] = []
-        self._created = time.monotonic()
+        super().__init__(service, prompts, sampling, "p")
         self._gen = self._chunks()
         self._seq: PeerSequence | None = None
-        self._cancelled = False
-
-    def __aiter__(self) -> _PeerStream:
-        return self
 
     async def __anext__(self) -> AudioChunk:
         if self._cancelled:
@@ -208,12 +199,5 @@ class LlamaCppBaseline(TTSService):
 
     def stats(self) -> StatsSnapshot:
         llama, gen = self.generation.llama, self.generation
-        busy, waiting = len(llama.running), len(gen.waiting)
-        return StatsSnapshot(
-            scheduler=SchedulerStats(total_sessions=self.total_sessions, active_sessions=busy, pending_sessions=waiting,
-                                     max_concurrent=self.capacity, policy="llama.cpp slots", throttled_sessions=0),
-            kv_cache=KVCacheStats(used_slots=busy, free_slots=self.capacity - busy),
-            engine=EngineStats(capacity=self.capacity, active=busy, waiting=waiting, prefilling=0,
-                               total_requests=self.total_sessions, total_tokens=gen.tokens, total_steps=llama.steps,
-                               kv_cache_bytes=0, backend="llamacpp"),
-            codec=None, capacity_utilisation=busy / self.capacity)
+        return peer_stats("llamacpp", "llama.cpp slots", self.capacity, len(llama.running), len(gen.waiting),
+                          self.total_sessions, gen.tokens, llama.steps)
