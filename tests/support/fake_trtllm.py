@@ -12,7 +12,8 @@ untested), fails every running request if the post-processor raises, and leaves 
 ``kv_cache_stats`` out of some iterations. The executor is an in-process stand-in: ``await_responses`` runs one "iteration" in
 which up to ``max_batch_size`` requests (highest priority first, never evicted once running, as
 GUARANTEED_NO_EVICT) each get one token from a seeded random "model", after the batched logits
-post-processor has run over the logits exactly as the real executor calls it.
+post-processor has run over the logits exactly as the real executor calls it, and the executor's
+own repetition penalty (over the prompt and every generated token, no window) after it.
 
 A GPU takes milliseconds per iteration; this fake takes almost none, so left free-running it would
 finish requests before a test could cancel them. :func:`lockstep` ties it to the engine instead:
@@ -161,7 +162,9 @@ class KvCacheConfig:
                  copy_on_partial_reuse=True, use_uvm=False, attention_dp_events_gather_period_ms=5,
                  runtime_defaults=None, max_gpu_total_bytes=0):
         _float("free_gpu_memory_fraction", free_gpu_memory_fraction)
+        _int("max_tokens", max_tokens, 1)
         self.enable_block_reuse, self.free_gpu_memory_fraction = enable_block_reuse, free_gpu_memory_fraction
+        self.max_tokens = max_tokens
 
 
 class LogitsPostProcessorConfig:
@@ -423,13 +426,17 @@ class Executor:
         return [self._advance(r, lg) for r, lg in zip(running, logits, strict=True)]
 
     def _logits(self, r: _Running) -> torch.Tensor:
-        seed = r.request.sampling_config.seed or 0
-        g = torch.Generator().manual_seed((seed * 1_000_003 + len(r.tokens)) % 2**63)
-        return torch.randn(1, 1, VOCAB, generator=g)  # (1, beam, vocab) as the executor hands them out
+        row = fake_logits(r.request.sampling_config.seed or 0, len(r.tokens))
+        return row.view(1, 1, VOCAB)  # (1, beam, vocab) as the executor hands them out
 
     def _advance(self, r: _Running, logits: torch.Tensor) -> Response:
         req, sc = r.request, r.request.sampling_config
         row = logits[0, 0].clone()
+        if sc.repetition_penalty is not None and sc.repetition_penalty != 1.0:
+            # as the executor's penalty: every distinct token of the prompt and the generated ones, no window
+            seen = torch.tensor(sorted(set(r.tokens)))
+            v = row[seen]
+            row[seen] = torch.where(v > 0, v / sc.repetition_penalty, v * sc.repetition_penalty)
         if sc.min_tokens and r.generated < sc.min_tokens and req.end_id is not None:
             row[req.end_id] = float("-inf")
         if sc.top_k == 1 or sc.temperature is None:
@@ -449,6 +456,12 @@ class Executor:
             del self._queue[r.id]
             return Response(r.id, Result(True, [[token]], [FinishReason.LENGTH]), req.client_id)
         return Response(r.id, Result(False, [[token]], [FinishReason.NOT_FINISHED]), req.client_id)
+
+
+def fake_logits(seed: int, length: int) -> torch.Tensor:
+    """Test hook: the fake model's (vocab,) logits for a request seeded ``seed`` with ``length`` tokens so far."""
+    g = torch.Generator().manual_seed((seed * 1_000_003 + length) % 2**63)
+    return torch.randn(VOCAB, generator=g)
 
 
 def priority_of(request: Request) -> float:

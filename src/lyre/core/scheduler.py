@@ -165,12 +165,14 @@ class Scheduler:
         for s in list(self.pending) + list(self.active.values()):
             self._end(s, outcome, reason, now)
         self.pending.clear()
-        while self.engine.has_work():
-            self.engine.step()
-        self.audio.shutdown()
-        self.publish()
-        if hasattr(self.engine, "close"):
-            self.engine.close()
+        try:
+            while self.engine.has_work():
+                self.engine.step()
+            self.audio.shutdown()
+            self.publish()
+        finally:  # the engine is closed whatever failed above (an executor left open can hang the exit)
+            if hasattr(self.engine, "close"):
+                self.engine.close()
 
     # --- expire ---------------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@ tokenizer, the token engine, the codec, and the engine thread that runs the sche
 
 :func:`start` builds it in order (blocking; the service runs it in a worker thread): a database that
 cannot be opened stops the start at once, before any model is loaded; the engine and the codec share
-the CPU by :func:`cpu_split`; the codec is warmed up before the first caller comes.
+the CPU by :func:`cpu_split`; the codec is warmed up before the first caller comes (and before a
+TensorRT-LLM engine starts, whose executor sizes its KV cache from the GPU memory then free); a
+start that fails after the engine was built closes it.
 
 Several services in one process may share what does not change once loaded (:class:`Shared`: a
 checkpoint's tokenizer, SNAC and its codec graphs, warmed up), each keyed by everything that shapes
@@ -111,16 +113,36 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
                        instance=instance_name(cfg.data_dir))
     model = checkpoint.resolve_model(cfg.model, cfg.codec)
     tokenizer = shared.get(("tokenizer", model.llama_dir), lambda: checkpoint.load_tokenizer(model.llama_dir))
-    engine, engine_device, description = build_engine(cfg, choice, env, model)
-    device = cfg.codec.device if cfg.codec.device != "auto" else engine_device
-    split, settings = cpu_split(cfg, device), stream_settings(cfg)
-    codec, snac = _codec(cfg, model, device, split.codec_threads, settings, shared)
-    voices.attach(snac, tokenizer, model.snac_dir, model.source, reference_room(cfg, choice))
-    audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, metrics, split.overlap,
-                          cfg.scheduler.first_chunk)
-    scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics)
-    loop = EngineLoop(scheduler)
-    loop.start()
+    settings = stream_settings(cfg)
+    engine: TokenEngine | None = None
+    try:
+        if choice.name == "trtllm":
+            # the codec first, loaded and warmed up: the executor sizes its KV cache from the GPU
+            # memory free when it starts, and would leave the codec none
+            memory = GpuMemory.now()
+            codec_device = _codec_device(cfg, "cuda")
+            split = cpu_split(cfg, codec_device)
+            codec, snac = _codec(cfg, model, codec_device, split.codec_threads, settings, shared)
+            memory.mark("the codec (loaded and warmed up)")
+            engine, _, description = build_engine(cfg, choice, env, model)
+            memory.mark(f"the TensorRT-LLM engine (weights, and a KV cache of at most "
+                        f"{getattr(engine.cfg, 'kv_max_tokens', 0) or 'unbounded'} tokens)")
+            memory.report()
+        else:
+            engine, engine_device, description = build_engine(cfg, choice, env, model)
+            codec_device = _codec_device(cfg, engine_device)
+            split = cpu_split(cfg, codec_device)
+            codec, snac = _codec(cfg, model, codec_device, split.codec_threads, settings, shared)
+        voices.attach(snac, tokenizer, model.snac_dir, model.source, reference_room(cfg, choice))
+        audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, metrics, split.overlap,
+                              cfg.scheduler.first_chunk)
+        scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics)
+        loop = EngineLoop(scheduler)
+        loop.start()
+    except BaseException:
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()  # (a TensorRT-LLM executor left open can keep the process from exiting)
+        raise
     log.info("engine: %s; %s; model %s%s", description, choice.reason, model.source,
              " — DEMO, audio is noise" if model.is_demo else "")
     return Runtime(choice, database, audit, model, tokenizer, scheduler, loop)
@@ -146,6 +168,39 @@ def _codec(cfg: LyreConfig, model: checkpoint.ResolvedModel, device: str, thread
     # the first caller does not pay the codec's first runs (once per graphs and chunk sizes)
     shared.get(("warm", key, settings), lambda: warm_up(codec, settings))
     return codec, snac
+
+
+def _codec_device(cfg: LyreConfig, engine_device: str) -> str:
+    return cfg.codec.device if cfg.codec.device != "auto" else engine_device
+
+
+class GpuMemory:
+    """What each part took of the GPU's memory at start (free memory before and after it, device-wide),
+    logged as one line: the split between the codec and the TensorRT-LLM engine."""
+
+    def __init__(self, free: int, total: int):
+        self.total, self.start, self.last = total, free, free
+        self.parts: list[tuple[str, int]] = []
+
+    @classmethod
+    def now(cls) -> GpuMemory:
+        free, total = torch.cuda.mem_get_info() if torch.cuda.is_available() else (0, 0)
+        return cls(free, total)
+
+    def mark(self, part: str) -> None:
+        free = torch.cuda.mem_get_info()[0] if self.total else 0
+        self.parts.append((part, self.last - free))
+        self.last = free
+
+    def describe(self) -> str:
+        gib = 1 << 30
+        taken = "; ".join(f"{name} {used / gib:.2f} GiB" for name, used in self.parts)
+        return (f"GPU memory: {self.start / gib:.2f} of {self.total / gib:.2f} GiB free at start; {taken}; "
+                f"{self.last / gib:.2f} GiB left free")
+
+    def report(self) -> None:
+        if self.total:
+            log.info("%s", self.describe())
 
 
 def choose_backend(cfg: LyreConfig) -> tuple[BackendChoice, Environment]:

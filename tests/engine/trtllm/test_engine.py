@@ -12,8 +12,8 @@ import torch
 
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.trtllm.config import TrtllmEngineConfig
-from lyre.engine.trtllm.constraint import AudioConstraint, constrain_logits
 from lyre.engine.trtllm.engine import TrtllmEngine
+from lyre.engine.trtllm.logits import LogitsPostProcessor
 from lyre.engine.trtllm.requests import executor_priority
 from lyre.model import orpheus
 from tests.support import fake_trtllm as tle
@@ -39,7 +39,7 @@ def engine(tmp_path):
 
 def test_executor_is_configured_for_no_eviction_chunked_context_and_the_audio_constraint(tmp_path):
     cfg = TrtllmEngineConfig(str(tmp_path), max_batch_size=24, max_num_tokens=4096, free_gpu_memory_fraction=0.7,
-                             enable_block_reuse=False)
+                             enable_block_reuse=False, kv_max_tokens=24 * 4096)
     e = TrtllmEngine(cfg, bindings=tle)
     try:
         ec = e.executor.config
@@ -47,7 +47,8 @@ def test_executor_is_configured_for_no_eviction_chunked_context_and_the_audio_co
         assert ec.enable_chunked_context and ec.max_beam_width == 1
         assert (ec.max_batch_size, ec.max_num_tokens) == (24, 4096)
         assert ec.kv_cache_config.free_gpu_memory_fraction == 0.7 and ec.kv_cache_config.enable_block_reuse is False
-        assert ec.logits_post_processor_config.processor_batched is e.constraint
+        assert ec.kv_cache_config.max_tokens == 24 * 4096  # every slot full, no more: the codec keeps its memory
+        assert ec.logits_post_processor_config.processor_batched is e.post_processor
         assert e.capacity == 24
     finally:
         e.close()
@@ -64,7 +65,8 @@ def test_a_request_streams_token_ids_with_max_tokens_stop_ids_and_sampling_set(e
     assert sorted(w[0] for w in r.stop_words) == sorted(set(orpheus.STOP_IDS) - {orpheus.END_OF_SPEECH})
     sc = r.sampling_config
     assert (sc.temperature, sc.top_p, sc.top_k, sc.repetition_penalty, sc.min_tokens, sc.seed) == (
-        0.7, 0.9, 50, 1.2, 7, 11)
+        0.7, 0.9, 50, None, 7, 11)  # the penalty is Lyre's, in the post-processor (tests/engine/test_logits_spec.py)
+    assert engine.post_processor.requests[r.client_id].penalty == 1.2
     assert r.logits_post_processor_name == tle.Request.BATCHED_POST_PROCESSOR_NAME
 
 
@@ -238,7 +240,7 @@ def test_constrained_requests_emit_only_valid_codes_for_each_frame_slot(engine):
     assert all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET + (k % 7 + 1) * 4096
                for k, t in enumerate(c))
     assert sum(orpheus.AUDIO_TOKEN_OFFSET <= t < orpheus.AUDIO_ID_END for t in tokens(out["free"])) < 35
-    assert engine.executor.post_processor_calls > 0 and engine.constraint.requests == {}
+    assert engine.executor.post_processor_calls > 0 and engine.post_processor.requests == {}
 
 
 def test_the_first_token_is_constrained_even_when_the_executor_samples_it_before_enqueue_returns(engine):
@@ -256,36 +258,36 @@ def test_the_first_token_is_constrained_even_when_the_executor_samples_it_before
         first, *rest = tokens(out[f"e{i}"])
         assert orpheus.AUDIO_TOKEN_OFFSET <= first < orpheus.AUDIO_TOKEN_OFFSET + 4096  # frame slot 0
         assert len(rest) == 7
-    assert engine.constraint.requests == {}
+    assert engine.post_processor.requests == {}
 
 
 def test_a_constraint_that_fails_for_one_request_ends_only_that_request(engine, monkeypatch):
     """An exception out of the post-processor would make the executor fail every active request
     (the fake does as the real one): the constraint keeps it in, and only its request ends."""
-    import lyre.engine.trtllm.constraint as module
+    import lyre.engine.trtllm.logits as module
 
-    constrain = module.constrain_logits
+    process = module.process_row
     faults = [RuntimeError("simulated constraint fault")]
 
-    def failing(logits, k, allow_stop):
-        if k == 9 and faults:  # the first request to reach its 10th audio token, once
+    def failing(row, *args):
+        if row.audio_index == 9 and faults:  # the first request to reach its 10th audio token, once
             raise faults.pop()
-        constrain(logits, k, allow_stop)
+        process(row, *args)
 
-    monkeypatch.setattr(module, "constrain_logits", failing)
+    monkeypatch.setattr(module, "process_row", failing)
     for i in range(4):
         engine.add(req(f"c{i}", max_tokens=21, min_tokens=21, seed=40 + i))
     out = run(engine)
     failed = [r for r in out if out[r][-1].finish_reason == "error"]
     assert len(failed) == 1
     for r in failed:
-        assert "the audio constraint failed: RuntimeError: simulated constraint fault" in out[r][-1].error
+        assert "the logits post-processing failed: RuntimeError: simulated constraint fault" in out[r][-1].error
         assert len(tokens(out[r])) == 9  # nothing sampled without the constraint reached the caller
     for r in set(out) - set(failed):
         c = tokens(out[r])
         assert len(c) == 21 and all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET
                                     + (k % 7 + 1) * 4096 for k, t in enumerate(c))
-    assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
+    assert engine.post_processor.requests == {} and engine.post_processor.failed == {} and not engine.has_work()
 
 
 class HeldInbox(queue.Queue):
@@ -320,23 +322,23 @@ def test_tokens_sampled_before_a_constraint_failure_are_delivered_even_when_they
     """The executor thread can record a failure before the pump hands over the responses of the
     iterations before it: the engine still delivers every token sampled under the constraint (and
     no more), then ends the request."""
-    import lyre.engine.trtllm.constraint as module
+    import lyre.engine.trtllm.logits as module
 
-    constrain = module.constrain_logits
+    process = module.process_row
 
-    def failing(logits, k, allow_stop):
-        if k == 6:
+    def failing(row, *args):
+        if row.audio_index == 6:
             raise RuntimeError("simulated constraint fault")
-        constrain(logits, k, allow_stop)
+        process(row, *args)
 
-    monkeypatch.setattr(module, "constrain_logits", failing)
+    monkeypatch.setattr(module, "process_row", failing)
     inbox = HeldInbox(expect=7)
     monkeypatch.setattr(engine, "_inbox", inbox)
     engine.add(req("a", max_tokens=21, min_tokens=21, seed=7))
     for _ in range(7):  # tokens 0-5 under the constraint, then token 6 sampled after it failed
         engine.executor.tick()
     assert inbox.arrived.wait(10)
-    assert engine.constraint.failed
+    assert engine.post_processor.failed
     inbox.release(5)  # the engine has seen 5 tokens when it learns of the failure; 2 are on their way
     first = engine.step()
     assert len(tokens(first)) == 5
@@ -348,22 +350,22 @@ def test_tokens_sampled_before_a_constraint_failure_are_delivered_even_when_they
     assert len(got) == 6
     assert all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET + (k % 7 + 1) * 4096
                for k, t in enumerate(got))
-    assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
+    assert engine.post_processor.requests == {} and engine.post_processor.failed == {} and not engine.has_work()
 
 
 def test_a_failure_recorded_after_the_steps_check_still_holds_back_the_unconstrained_token(engine, monkeypatch):
     """The executor can fail the constraint, sample without it and queue that token between the
     step's look at the failures and its reading of the responses: the response is checked too."""
-    import lyre.engine.trtllm.constraint as module
+    import lyre.engine.trtllm.logits as module
 
-    constrain = module.constrain_logits
+    process = module.process_row
 
-    def failing(logits, k, allow_stop):
-        if k == 6:
+    def failing(row, *args):
+        if row.audio_index == 6:
             raise RuntimeError("simulated constraint fault")
-        constrain(logits, k, allow_stop)
+        process(row, *args)
 
-    monkeypatch.setattr(module, "constrain_logits", failing)
+    monkeypatch.setattr(module, "process_row", failing)
     step = lambda: TrtllmEngine.step(engine)  # noqa: E731 - without lockstep's own tick
     first = HeldInbox(expect=6)
     monkeypatch.setattr(engine, "_inbox", first)
@@ -373,7 +375,7 @@ def test_a_failure_recorded_after_the_steps_check_still_holds_back_the_unconstra
     assert first.arrived.wait(10)
     first.release()
     got = tokens(step())
-    assert len(got) == 6 and not engine.constraint.failed
+    assert len(got) == 6 and not engine.post_processor.failed
 
     late = HeldInbox(expect=1)
     monkeypatch.setattr(engine, "_inbox", late)
@@ -391,7 +393,7 @@ def test_a_failure_recorded_after_the_steps_check_still_holds_back_the_unconstra
     got += tokens(deltas)
     assert len(got) == 6 and deltas[-1].finished and deltas[-1].finish_reason == "error"
     assert "simulated constraint fault" in deltas[-1].error
-    assert engine.constraint.requests == {} and engine.constraint.failed == {} and not engine.has_work()
+    assert engine.post_processor.requests == {} and engine.post_processor.failed == {} and not engine.has_work()
 
 
 def test_a_request_the_executor_refuses_leaves_no_constraint_behind(engine, monkeypatch):
@@ -401,14 +403,17 @@ def test_a_request_the_executor_refuses_leaves_no_constraint_behind(engine, monk
     monkeypatch.setattr(engine.executor, "enqueue_request", refuse)
     with pytest.raises(RuntimeError, match="cannot enqueue"):
         engine.add(req("x"))
-    assert engine.constraint.requests == {} and not engine.has_work()
+    assert engine.post_processor.requests == {} and not engine.has_work()
 
 
-def test_constrain_logits_keeps_the_slot_band_and_end_of_speech_only_at_a_boundary():
-    for k, allow, stop_kept in ((0, True, True), (7, False, False), (3, True, False)):
+def test_the_mask_rows_keep_the_slot_band_and_end_of_speech_only_at_a_boundary():
+    processor = LogitsPostProcessor()
+    processor.register(5, PROMPT, SamplingParams(min_tokens=7, repetition_penalty=1.0))
+    for k, stop_kept in ((0, False), (3, False), (7, True), (14, True)):  # end-of-speech from min_tokens (7) on
         logits = torch.randn(1, 1, orpheus.VOCAB_SIZE)
         before = logits.clone()
-        constrain_logits(logits, k, allow)
+        history = PROMPT + [orpheus.AUDIO_TOKEN_OFFSET + (i % 7) * 4096 for i in range(k)]
+        processor([1], [logits], [[history]], 0, [5])
         lo = orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096
         finite = torch.isfinite(logits[0, 0]).nonzero().flatten().tolist()
         expected = list(range(lo, lo + 4096)) + ([orpheus.END_OF_SPEECH] if stop_kept else [])
@@ -417,8 +422,8 @@ def test_constrain_logits_keeps_the_slot_band_and_end_of_speech_only_at_a_bounda
 
 
 def test_the_constraint_waits_for_start_of_speech_when_the_prompt_lacks_it():
-    c = AudioConstraint()
-    c.register(9, [1, 2, 3], min_tokens=0)
+    c = LogitsPostProcessor()
+    c.register(9, [1, 2, 3], SamplingParams(repetition_penalty=1.0))
     logits = torch.zeros(1, 1, orpheus.VOCAB_SIZE)
     c([40], [logits], [[[1, 2, 3, 50]]], 0, [9])  # (executor ids, logits, beam tokens, stream, client ids)
     assert torch.isfinite(logits).all()  # free before start-of-speech

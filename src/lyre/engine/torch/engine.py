@@ -314,18 +314,9 @@ class TorchEngine:
     def _postprocess(self, seqs, tokens, logits, logit_ids) -> list[TokenDelta]:
         deltas = []
         for s, tok, lg, ids in zip(seqs, tokens, logits, logit_ids, strict=True):
-            s.num_generated += 1
-            s.next_input = tok
+            s.generated(tok)
             self.total_tokens += 1
             p = s.params
-            if p.repetition_penalty != 1.0:
-                s.generated_window.append(tok)
-                if p.repetition_window and len(s.generated_window) > p.repetition_window:
-                    s.generated_window.popleft()
-            if s.audio_k is not None and orpheus.is_audio_id(tok):
-                s.audio_k += 1
-            elif s.audio_k is None and tok == orpheus.START_OF_SPEECH:
-                s.audio_k = 0
             reason = None
             if tok in p.stop_ids:
                 reason = "stop"

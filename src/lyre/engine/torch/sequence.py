@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.model import orpheus
 
 
 @dataclass(eq=False)
@@ -44,6 +45,21 @@ class Sequence:
     @property
     def constrained(self) -> bool:
         return self.params.constrain_audio and self.audio_k is not None
+
+    def generated(self, token: int) -> None:
+        """``token`` was sampled: it is the next input, joins the penalty's window, and counts as an
+        audio token (or starts the audio, at start-of-speech)."""
+        self.num_generated += 1
+        self.next_input = token
+        p = self.params
+        if p.repetition_penalty != 1.0:
+            self.generated_window.append(token)
+            if p.repetition_window and len(self.generated_window) > p.repetition_window:
+                self.generated_window.popleft()
+        if self.audio_k is not None and orpheus.is_audio_id(token):
+            self.audio_k += 1
+        elif self.audio_k is None and token == orpheus.START_OF_SPEECH:
+            self.audio_k = 0
 
 
 class SlotPool:

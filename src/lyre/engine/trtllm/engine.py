@@ -23,16 +23,21 @@ How it maps the contract:
   ``step()`` turns what has arrived into :class:`TokenDelta` s (one per request per step).
 - ``cancel`` -> ``cancel_request``; the request's ``cancelled`` delta comes at the next step and
   anything the executor still sends for it is dropped.
-- ``constrain_audio`` runs as the executor's batched logits post-processor
-  (:class:`AudioConstraint`, registered before the request is enqueued): after start-of-speech
+- the repetition penalty and ``constrain_audio`` run as the executor's batched logits
+  post-processor (:class:`LogitsPostProcessor`, registered before the request is enqueued): the
+  penalty over the request's last ``repetition_window`` generated tokens (the executor's own
+  penalty, which has no window and covers the prompt, is never set), then, after start-of-speech,
   only the 4096 codes of the frame slot, and end-of-speech at frame boundaries, can be sampled.
   It never raises into the executor (which would fail every request); a request whose
-  constraint fails ends alone, with an error.
+  processing fails ends alone, with an error.
 - ``stats()`` adds the executor's latest iteration statistics (iteration latency, KV blocks,
   queued and context requests) for ``/v1/stats`` and the Prometheus metrics.
 
-Differences from the PyTorch engine: the repetition penalty covers the whole sequence (the
-executor has no window), ``record_logits`` is ignored, and the executor batches every admitted
+The executor is shut down on every exit path: :meth:`TrtllmEngine.close` (the scheduler's
+shutdown, a failed service start), and at interpreter exit for an engine nobody closed (an
+executor left running can keep the process from exiting).
+
+Differences from the PyTorch engine: ``record_logits`` is ignored, and the executor batches every admitted
 request each iteration, so ``step(order)`` accepts the scheduler's order and ignores it
 (``scheduler.max_batch_size`` and the batch policy do not apply; the engine's
 ``build.max_batch_size`` does).
@@ -40,11 +45,13 @@ request each iteration, so ``step(order)`` accepts the scheduler's order and ign
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -53,7 +60,7 @@ from typing import Any
 
 from lyre.engine.base import EngineStats, FinishReason, GenerationRequest, TokenDelta, check_prompt
 from lyre.engine.trtllm.config import TrtllmEngineConfig
-from lyre.engine.trtllm.constraint import AudioConstraint
+from lyre.engine.trtllm.logits import LogitsPostProcessor
 from lyre.engine.trtllm.requests import make_executor_config, make_request
 from lyre.engine.trtllm.stats import IterationView, latest_iteration
 
@@ -98,10 +105,19 @@ class TrtllmEngine:
         self.cfg = config
         self.tle = bindings if bindings is not None else _load_bindings()
         self.capacity = config.max_batch_size
-        self.constraint = AudioConstraint()
+        self.post_processor = LogitsPostProcessor()
         tle = self.tle
-        executor_config = make_executor_config(tle, config, self.constraint)
+        executor_config = make_executor_config(tle, config, self.post_processor)
         self.executor = tle.Executor(Path(config.engine_dir), tle.ModelType.DECODER_ONLY, executor_config)
+        self._running = True
+        try:
+            self._start(config)
+        except BaseException:
+            self._running = False
+            self._shutdown_executor()
+            raise
+
+    def _start(self, config: TrtllmEngineConfig) -> None:
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._live: dict[str, _InFlight] = {}  # request id -> in flight
         self._by_exec: dict[int, _InFlight] = {}
@@ -111,9 +127,10 @@ class TrtllmEngine:
         self._client_ids = itertools.count(1)
         self._iter = IterationView()
         self.total_requests = self.total_tokens = 0
-        self._running = True
         self._pump = threading.Thread(target=self._pump_loop, name="lyre-trtllm-pump", daemon=True)
         self._pump.start()
+        self._at_exit = _close_at_exit(self)
+        atexit.register(self._at_exit)
 
     # --- the pump thread ------------------------------------------------------------------------
 
@@ -149,13 +166,13 @@ class TrtllmEngine:
             return False
         client_id = next(self._client_ids)
         executor_request = self.to_executor_request(request, client_id)
-        if request.sampling.constrain_audio:  # before enqueueing: see AudioConstraint
-            self.constraint.register(client_id, list(ids), request.sampling.min_tokens)
+        if LogitsPostProcessor.wanted(request.sampling):  # before enqueueing: see LogitsPostProcessor
+            self.post_processor.register(client_id, list(ids), request.sampling)
         try:
             exec_id = self.executor.enqueue_request(executor_request)
         except BaseException:
-            self.constraint.drop(client_id)
-            self.constraint.failed.pop(client_id, None)
+            self.post_processor.drop(client_id)
+            self.post_processor.failed.pop(client_id, None)
             raise
         flight = _InFlight(request, client_id, exec_id)
         self._live[request.request_id] = flight
@@ -217,21 +234,21 @@ class TrtllmEngine:
     def _take_constraint_failures(self) -> None:
         """Adopt the failures the constraint recorded since the last step (ids no longer live are
         dropped: they finished meanwhile)."""
-        if not self.constraint.failed:  # usually empty: no scan of the live requests
+        if not self.post_processor.failed:  # usually empty: no scan of the live requests
             return
         live = {f.client_id: f for f in self._live.values()}
-        for client_id in list(self.constraint.failed):
+        for client_id in list(self.post_processor.failed):
             if client_id in live:
                 self._adopt_failure(live[client_id])
             else:
-                self.constraint.failed.pop(client_id, None)
+                self.post_processor.failed.pop(client_id, None)
 
     def _adopt_failure(self, flight: _InFlight) -> None:
         """``flight``'s constraint failed: it is stopped in the executor and ends once the tokens
         sampled before the failure (some may still be on their way) are delivered, and no others.
         Its constraint is dropped first, so the executor cannot record a later failure for it."""
-        self.constraint.drop(flight.client_id)
-        why, good = self.constraint.failed.pop(flight.client_id)
+        self.post_processor.drop(flight.client_id)
+        why, good = self.post_processor.failed.pop(flight.client_id)
         if flight.failure is None:
             flight.failure, flight.good = why, good
             self._failing[flight.request.request_id] = flight
@@ -257,7 +274,7 @@ class TrtllmEngine:
 
     def _on_response(self, response: Any, deltas: dict[str, TokenDelta]) -> None:
         flight = self._by_exec.get(response.request_id)
-        if flight is not None and flight.failure is None and flight.client_id in self.constraint.failed:
+        if flight is not None and flight.failure is None and flight.client_id in self.post_processor.failed:
             self._adopt_failure(flight)  # failed after this step's check: this response may be unconstrained
         if flight is None or flight.cancelled:  # finished or cancelled already: late responses are dropped
             if flight is None and response.has_error():
@@ -297,8 +314,8 @@ class TrtllmEngine:
         self._live.pop(flight.request.request_id, None)
         self._failing.pop(flight.request.request_id, None)
         self._by_exec.pop(flight.exec_id, None)
-        self.constraint.drop(flight.client_id)
-        self.constraint.failed.pop(flight.client_id, None)
+        self.post_processor.drop(flight.client_id)
+        self.post_processor.failed.pop(flight.client_id, None)
         if reason == "error" and error is None:
             error = "the executor timed out the request"
         return TokenDelta(flight.request.request_id, tokens or [], finished=True, finish_reason=reason, error=error)
@@ -329,9 +346,29 @@ class TrtllmEngine:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the pump and shut the executor down (in-flight requests end)."""
+        """Stop the pump and shut the executor down (in-flight requests end). Idempotent."""
         if not self._running:
             return
         self._running = False
+        atexit.unregister(self._at_exit)
         self._pump.join()
-        self.executor.shutdown()
+        self._shutdown_executor()
+
+    def _shutdown_executor(self) -> None:
+        try:
+            self.executor.shutdown()
+        except Exception:  # noqa: BLE001 - closing: say it, and go on
+            log.exception("TensorRT-LLM executor shutdown failed")
+
+
+def _close_at_exit(engine: TrtllmEngine) -> Callable[[], None]:
+    """An atexit hook that closes ``engine`` if it is still alive and open (it holds no reference to it)."""
+    ref = weakref.ref(engine)
+
+    def close() -> None:
+        e = ref()
+        if e is not None:
+            log.info("closing the TensorRT-LLM executor at exit")
+            e.close()
+
+    return close
