@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,7 +55,7 @@ def test_dry_run_prints_the_full_plan_for_the_shipped_config():
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     plan = out.stdout
-    for expected in ("weights:        FP8", "KV cache:       float16", "max_batch_size 32", "max_seq_len 4096",
+    for expected in ("weights:        FP8", "dtype:          the checkpoint dtype (read once downloaded)", "max_batch_size 32", "max_seq_len 4096",
                      "max_input_len 3072", "max_num_tokens 8192", "paged context FMHA: on",
                      "256 Orpheus prompts over 8 voices", "engines/orpheus-3b-fp8/ with lyre-manifest.json",
                      "canopylabs/orpheus-3b-0.1-ft@main (download"):
@@ -87,12 +88,12 @@ def test_bad_arguments_are_refused(build_engine):
 
 
 @pytest.mark.parametrize("env, quant, dtype, warns", [
-    (H100, "fp8", "float16", []),
-    (Environment("NVIDIA L4", (8, 9), "1.2.1", "10"), "fp8", "float16", []),
-    (Environment("NVIDIA A100", (8, 0), "1.2.1", "10"), "fp16", "float16", ["FP8 needs compute capability"]),
+    (H100, "fp8", "bfloat16", []),  # the checkpoint's dtype: calibrated and run as served
+    (Environment("NVIDIA L4", (8, 9), "1.2.1", "10"), "fp8", "bfloat16", []),
+    (Environment("NVIDIA A100", (8, 0), "1.2.1", "10"), "bf16", "bfloat16", ["FP8 needs compute capability"]),
 ])
-def test_plan_picks_fp8_only_where_the_gpu_has_it(env, quant, dtype, warns):
-    plan = plan_build(load_config(CONFIG_PATH), env)
+def test_plan_picks_fp8_only_where_the_gpu_has_it(env, quant, dtype, warns, demo_dir):
+    plan = plan_build(load_config(CONFIG_PATH, {"model.path": str(demo_dir / "llama")}), env)
     assert (plan.quantization, plan.dtype) == (quant, dtype)
     assert all(any(w in x for x in plan.warnings) for w in warns) and len(plan.warnings) == len(warns)
 
@@ -114,26 +115,39 @@ def test_an_existing_engine_is_kept_unless_forced(tmp_path):
         load_config(CONFIG_PATH, {"build.engine_dir": str(tmp_path / "new"), "model.path": str(tmp_path)}), H100))
 
 
-def test_the_calibration_set_is_orpheus_prompts_plus_audio_that_the_tokenizer_reads_back(demo_dir, tmp_path):
-    from transformers import PreTrainedTokenizerFast
+def test_the_calibration_set_is_what_inference_sees_through_tensorrt_llms_loader(demo_dir, tmp_path):
+    """Orpheus prompts + audio the model generates, read as TensorRT-LLM's calibration loader reads
+    them (the checkpoint's tokenizer from the directory it builds from, left padding, the whole set
+    in one padded batch, the attention mask then dropped): exactly the ids Lyre serves, one BOS
+    (inside the prompt, as served), every record one length, so no padding is calibrated on."""
+    from transformers import AutoTokenizer
 
     cfg = load_config(CONFIG_PATH, {"build.calibration_samples": 10})
     info = write_calibration_set(tmp_path / "calib", cfg, demo_dir / "llama", "cpu", progress=False)
     rows = [json.loads(line)["text"] for line in (tmp_path / "calib" / "train.jsonl").read_text().splitlines()]
-    assert len(rows) == 10 == info["samples"]
-    # TensorRT-LLM's calibration loader tokenizes the text column with the model's HF tokenizer.
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(demo_dir / "llama" / "tokenizer.json"))
-    for i, text in enumerate(rows):
-        ids = hf(text, add_special_tokens=False)["input_ids"]
+    assert len(rows) == 10 == info["samples"] and info["dtype"] == "bfloat16"
+    loader = AutoTokenizer.from_pretrained(info["checkpoint"], padding_side="left")
+    if loader.pad_token is None:
+        loader.pad_token = loader.eos_token
+    batch = loader(rows, return_tensors="pt", padding=True, truncation=True, max_length=info["max_seq_length"])
+    assert batch["attention_mask"].all()  # nothing padded: the loader's dropped mask hides nothing
+    assert batch["input_ids"].shape == (10, info["record_tokens"]) and info["record_tokens"] == info["max_seq_length"]
+    for i, ids in enumerate(batch["input_ids"].tolist()):
         voice = cfg.model.voices[i % len(cfg.model.voices)]
         sos = ids.index(orpheus.START_OF_SPEECH)
-        assert ids[0] == orpheus.START_OF_HUMAN and hf.decode(ids[1:sos]).startswith(f"<|begin_of_text|>{voice}: ")
+        assert ids[0] == orpheus.START_OF_HUMAN and ids.count(orpheus.BOS) == 1  # as served: no second BOS
+        assert loader.decode(ids[1:sos]).startswith(f"<|begin_of_text|>{voice}: ")
         audio = ids[sos + 1:]
-        assert len(audio) == info["continuation_tokens"] == 168
+        assert len(audio) >= info["continuation_tokens"] == 168
         assert all(orpheus.AUDIO_TOKEN_OFFSET + (k % 7) * 4096 <= t < orpheus.AUDIO_TOKEN_OFFSET + (k % 7 + 1) * 4096
                    for k, t in enumerate(audio))
-        assert len(ids) + 1 <= info["max_seq_length"]
-    assert info["audio_tokens"] == 10 * 168 and len({r.split(":")[0] for r in rows}) == 8  # every voice
+    assert info["audio_tokens"] == 10 * info["record_tokens"] - sum(r.index(orpheus.START_OF_SPEECH) + 1
+                                                                    for r in batch["input_ids"].tolist())
+    assert len({r.split(":")[0] for r in rows}) == 8  # every voice
+    # the staged directory is the checkpoint (its weights linked), only its tokenizer adds nothing
+    staged = Path(info["checkpoint"])
+    assert (staged / "model.safetensors").resolve() == (demo_dir / "llama" / "model.safetensors").resolve()
+    assert AutoTokenizer.from_pretrained(demo_dir / "llama")("hi")["input_ids"][0] == orpheus.BOS  # (the original adds one)
 
 
 def test_a_tokenizer_that_cannot_spell_the_ids_is_refused(demo_tokenizer):
@@ -219,29 +233,35 @@ def test_the_build_passes_tensorrt_llm_only_arguments_its_classes_have(tmp_path,
     fake_llmapi.LLM(**args)  # every argument is a TrtLlmArgs field of the right type
 
 
-@pytest.mark.parametrize("moved", [False, True])
-def test_calib_config_is_the_class_trtllmargs_is_typed_with(monkeypatch, moved):
-    """1.2.1 defines CalibConfig in tensorrt_llm.llmapi.llm_args (and re-exports it); a release
-    without it there falls back to the re-export. Module layout as the snapshot records it."""
+@pytest.mark.parametrize("where", ["tensorrt_llm.llmapi.llm_args", "tensorrt_llm.llmapi",
+                                   "tensorrt_llm._tensorrt_engine.llm_args", None])
+def test_calib_config_is_found_where_a_release_defines_it(monkeypatch, where):
+    """1.2.1 defines CalibConfig in tensorrt_llm.llmapi.llm_args (and re-exports it from
+    tensorrt_llm.llmapi); later releases define the TensorRT engine's arguments in
+    tensorrt_llm._tensorrt_engine.llm_args. Each is tried in turn; none gives a BuildError naming them."""
     import types
 
     from lyre.tools.build import load_llmapi
     from tests.support import fake_llmapi
 
     defined = type("CalibConfig", (), {})
-    modules = {"tensorrt_llm": types.ModuleType("tensorrt_llm"),
-               "tensorrt_llm._tensorrt_engine": types.ModuleType("tensorrt_llm._tensorrt_engine"),
-               "tensorrt_llm.llmapi": types.ModuleType("tensorrt_llm.llmapi"),
-               "tensorrt_llm.llmapi.llm_args": types.ModuleType("tensorrt_llm.llmapi.llm_args")}
+    names = ("tensorrt_llm", "tensorrt_llm._tensorrt_engine", "tensorrt_llm.llmapi", "tensorrt_llm.llmapi.llm_args",
+             "tensorrt_llm._tensorrt_engine.llm_args")
+    modules = {name: types.ModuleType(name) for name in names}
     modules["tensorrt_llm"].__version__ = "1.2.1"
-    layout = fake_llmapi.SNAPSHOT["modules"]
-    for module, names in layout.items():
-        for name in names:
-            setattr(modules[module], name, defined if name == "CalibConfig" else getattr(fake_llmapi, name, object()))
-    if moved:
-        modules["tensorrt_llm.llmapi"].CalibConfig = fake_llmapi.CalibConfig
-        del modules["tensorrt_llm.llmapi.llm_args"]
-    for name, module in modules.items():
-        monkeypatch.setitem(sys.modules, name, module)
+    for module, members in fake_llmapi.SNAPSHOT["modules"].items():
+        for name in members:
+            if name != "CalibConfig":
+                setattr(modules[module], name, getattr(fake_llmapi, name, object()))
+    if where is not None:
+        modules[where].CalibConfig = defined
+    if where != "tensorrt_llm.llmapi.llm_args":
+        modules.pop("tensorrt_llm.llmapi.llm_args")  # (a release without that module)
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, modules.get(name))  # None: the import fails
+    if where is None:
+        with pytest.raises(BuildError, match="no CalibConfig.*tensorrt_llm._tensorrt_engine.llm_args"):
+            load_llmapi()
+        return
     api = load_llmapi()
-    assert api.CalibConfig is (fake_llmapi.CalibConfig if moved else defined) and api.version == "1.2.1"
+    assert api.CalibConfig is defined and api.version == "1.2.1"

@@ -287,7 +287,7 @@ class WatermarkConfig(Section):
 class BuildConfig(Section):
     engine_dir: str = "engines/orpheus-3b-fp8"
     quantization: choice("fp8", "fp16", "bf16") = "fp8"
-    kv_cache_dtype: choice("float16", "bfloat16") = "float16"
+    kv_cache_dtype: choice("auto", "float16", "bfloat16") = "auto"  # FP8 builds: auto = the checkpoint's dtype
     max_batch_size: int = Field(32, ge=1, le=4096)
     max_seq_len: int = Field(4096, ge=64, le=131072)
     max_input_len: int = Field(3072, ge=16)  # a cloned voice's prompt: its reference turn (up to ~2500 tokens) + text

@@ -25,7 +25,7 @@ from lyre.config import LyreConfig
 from lyre.engine.backend import MANIFEST_NAME, Environment, Manifest, hash_files
 from lyre.errors import BuildError
 from lyre.model import checkpoint
-from lyre.tools.calibration import CONTINUATION_TOKENS, write_calibration_set
+from lyre.tools.calibration import CONTINUATION_TOKENS, checkpoint_dtype, write_calibration_set
 
 __all__ = ["BuildError", "BuildPlan", "build_trtllm_engine", "format_plan", "plan_build", "prepare_torch"]
 
@@ -80,8 +80,9 @@ def plan_build(cfg: LyreConfig, env: Environment, force: bool = False) -> BuildP
         warnings.append(f"BF16 needs compute capability >= 8.0; {env.gpu_name} is {capability[0]}.{capability[1]}: "
                         f"building FP16 instead")
         quant = "fp16"
-    dtype = b.kv_cache_dtype if quant == "fp8" else QUANT_DTYPE[quant]
-    if quant != "fp8" and dtype != b.kv_cache_dtype:
+    dtype = (b.kv_cache_dtype if b.kv_cache_dtype != "auto" else checkpoint_dtype(model, download)) if quant == "fp8" \
+        else QUANT_DTYPE[quant]
+    if quant != "fp8" and b.kv_cache_dtype not in ("auto", dtype):
         warnings.append(f"build.kv_cache_dtype {b.kv_cache_dtype} is ignored for {quant} weights: "
                         f"the KV cache follows the model dtype ({dtype})")
     if dtype == "bfloat16" and capability is not None and tuple(capability) < BF16_MIN_CAPABILITY:
@@ -125,7 +126,8 @@ def format_plan(plan: BuildPlan) -> str:
         f"  weights:        {plan.quantization.upper()}"
         + (f" (requested {plan.requested_quantization.upper()})" if plan.quantization != plan.requested_quantization
            else ""),
-        f"  KV cache:       {plan.dtype} (not quantized)",
+        f"  dtype:          {plan.dtype if plan.dtype != 'auto' else 'the checkpoint dtype (read once downloaded)'} "
+        f"(activations and KV cache, not quantized)",
         f"  limits:         max_batch_size {b['max_batch_size']}, max_seq_len {b['max_seq_len']}, "
         f"max_input_len {b['max_input_len']}, max_num_tokens {b['max_num_tokens']}",
         f"  paged context FMHA: {'on' if b['use_paged_context_fmha'] else 'off'}",
@@ -133,7 +135,8 @@ def format_plan(plan: BuildPlan) -> str:
     if plan.quantization == "fp8":
         c = plan.calibration
         lines.append(f"  calibration:    {c['samples']} Orpheus prompts over {len(c['voices'])} voices "
-                     f"({', '.join(c['voices'])}), each + {c['continuation_tokens']} audio tokens the model generates")
+                     f"({', '.join(c['voices'])}), each + audio tokens the model generates to one length "
+                     f"(the longest prompt + {c['continuation_tokens']}: no padding), tokenized as served")
     else:
         lines.append("  calibration:    none (no FP8)")
     lines += [
@@ -183,17 +186,30 @@ def load_llmapi() -> SimpleNamespace:
 
     ``CalibConfig`` comes from ``tensorrt_llm.llmapi.llm_args``, the module that defines it and
     types ``TrtLlmArgs.calib_config`` with it (``tensorrt_llm.llmapi`` re-exports the same
-    object), falling back to ``tensorrt_llm.llmapi`` should a release move it."""
+    object), falling back to ``tensorrt_llm.llmapi``, then to ``tensorrt_llm._tensorrt_engine.llm_args``
+    (where later releases define the TensorRT engine's own arguments), should a release move it."""
     import tensorrt_llm
     from tensorrt_llm._tensorrt_engine import LLM
     from tensorrt_llm.llmapi import BuildConfig, KvCacheConfig, QuantAlgo, QuantConfig
 
-    try:
-        from tensorrt_llm.llmapi.llm_args import CalibConfig
-    except ImportError:  # a release that moved it
-        from tensorrt_llm.llmapi import CalibConfig
-    return SimpleNamespace(version=tensorrt_llm.__version__, LLM=LLM, BuildConfig=BuildConfig, CalibConfig=CalibConfig,
-                           KvCacheConfig=KvCacheConfig, QuantAlgo=QuantAlgo, QuantConfig=QuantConfig)
+    return SimpleNamespace(version=tensorrt_llm.__version__, LLM=LLM, BuildConfig=BuildConfig,
+                           CalibConfig=_calib_config(), KvCacheConfig=KvCacheConfig, QuantAlgo=QuantAlgo,
+                           QuantConfig=QuantConfig)
+
+
+CALIB_CONFIG_MODULES = ("tensorrt_llm.llmapi.llm_args", "tensorrt_llm.llmapi", "tensorrt_llm._tensorrt_engine.llm_args")
+
+
+def _calib_config() -> type:
+    import importlib
+
+    tried = []
+    for name in CALIB_CONFIG_MODULES:
+        try:
+            return importlib.import_module(name).CalibConfig
+        except (ImportError, AttributeError) as e:
+            tried.append(f"{name} ({type(e).__name__})")
+    raise BuildError("this TensorRT-LLM has no CalibConfig where Lyre looks for it: " + ", ".join(tried))
 
 
 def llm_arguments(api: SimpleNamespace, cfg: LyreConfig, plan: BuildPlan, model_dir: Path,
@@ -228,9 +244,9 @@ def llm_arguments(api: SimpleNamespace, cfg: LyreConfig, plan: BuildPlan, model_
 
 
 def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True,
-                        api: SimpleNamespace | None = None) -> Manifest:
+                        api: SimpleNamespace | None = None, device: str = "cuda") -> Manifest:
     """Run the build. NOT YET RUN ON A GPU BY THIS PROJECT (see the module doc); ``api`` stands in
-    for :func:`load_llmapi` in tests."""
+    for :func:`load_llmapi` and ``device`` (where the calibration audio is generated) is "cpu" in tests."""
     api = api or load_llmapi()
     say = print if progress else log.info
     say("[1/5] resolving the checkpoint")
@@ -241,17 +257,22 @@ def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True,
     digest = hash_files(files, progress=progress)
 
     b = cfg.build
+    if plan.dtype == "auto":  # (the checkpoint was not downloaded when the plan was made)
+        plan.dtype = checkpoint_dtype(model_dir)
     work = plan.engine_dir.parent / f".{plan.engine_dir.name}.building"
     shutil.rmtree(work, ignore_errors=True)
     calibration: dict[str, Any] = {"samples": 0}
+    source = model_dir
     if plan.quantization == "fp8":
-        say(f"[3/5] building the calibration set ({b.calibration_samples} prompts)")
-        calibration = write_calibration_set(work / "calibration", cfg, model_dir, "cuda", progress)
+        say(f"[3/5] building the calibration set ({b.calibration_samples} prompts, {plan.dtype})")
+        calibration = write_calibration_set(work / "calibration", cfg, model_dir, device, progress)
+        # the checkpoint as TensorRT-LLM's calibration loader must tokenize it: the records as they are
+        source = Path(calibration.pop("checkpoint"))
     else:
         say(f"[3/5] no calibration ({plan.quantization} weights)")
 
     say(f"[4/5] quantizing and building with TensorRT-LLM {api.version} (this takes minutes)")
-    llm = api.LLM(**llm_arguments(api, cfg, plan, model_dir, calibration if plan.quantization == "fp8" else None))
+    llm = api.LLM(**llm_arguments(api, cfg, plan, source, calibration if plan.quantization == "fp8" else None))
     try:
         say(f"[5/5] saving to {plan.engine_dir}")
         if plan.engine_dir.exists():
