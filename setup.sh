@@ -4,10 +4,11 @@
 #
 # Where no NVIDIA GPU is present: a CPU build of torch, no TensorRT-LLM.
 # Where nvidia-smi sees a GPU (and Python is 3.10 or 3.12, the versions TensorRT-LLM 1.2.1 has
-# wheels for): NVIDIA's documented pip route for TensorRT-LLM 1.2.1. It checks that the driver
-# supports CUDA 13 and that MPI is present (stopping with what to install when not), installs
-# torch 2.9.1 built for CUDA 13.0 from PyTorch's cu130 index, then the project with its dev and
-# trt extras (tensorrt-llm==1.2.1 from https://pypi.nvidia.com), torch held at that build.
+# wheels for): NVIDIA's documented pip route for TensorRT-LLM 1.2.1. It checks the driver (CUDA 13,
+# 580 or newer), the CUDA 13 toolkit and CUDA_HOME, and Open MPI (libopenmpi-dev, openmpi-bin),
+# stopping with what to install for each one missing; installs torch 2.9.1 built for CUDA 13.0 from
+# PyTorch's cu130 index, then tensorrt-llm==1.2.1 alone (from https://pypi.nvidia.com), then the
+# project with its dev and trt extras constrained to every version TensorRT-LLM installed.
 # pyproject.toml's ranges intersect TensorRT-LLM 1.2.1's published requirements
 # (tests/deploy/test_install.py checks them against tests/support/trtllm_api/requirements-1.2.1.json).
 #
@@ -91,18 +92,11 @@ if [ "$gpu" = yes ] && [ "${LYRE_TRT:-auto}" != off ]; then
   esac
 fi
 if [ "$extras" = dev,trt ]; then
-  # NVIDIA's prerequisites for the TensorRT-LLM $TRT_VERSION wheels: a driver for CUDA 13, and MPI.
-  cuda=$( { nvidia-smi 2>/dev/null || true; } | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p' | head -n 1)
-  [ -n "$cuda" ] || fail "nvidia-smi does not report the CUDA version its driver supports; TensorRT-LLM $TRT_VERSION" \
-    "needs CUDA $TRT_CUDA_MAJOR. Check the NVIDIA driver, or LYRE_TRT=off ./setup.sh for the PyTorch backend"
-  [ "${cuda%%.*}" -ge "$TRT_CUDA_MAJOR" ] || fail "TensorRT-LLM $TRT_VERSION needs CUDA $TRT_CUDA_MAJOR; this driver supports" \
-    "CUDA $cuda. Install an NVIDIA driver for CUDA $TRT_CUDA_MAJOR (580 or newer), or LYRE_TRT=off ./setup.sh for the PyTorch backend"
-  # (the listing is read whole: grep -q in a pipe under pipefail could report a present libmpi as missing)
-  libs=$(ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null || true)
-  if [[ "$libs" != *libmpi.so* ]]; then
-    fail "TensorRT-LLM $TRT_VERSION needs MPI and no libmpi.so is installed: sudo apt-get install -y libopenmpi-dev" \
-      "(then ./setup.sh again), or LYRE_TRT=off ./setup.sh for the PyTorch backend"
-  fi
+  # NVIDIA's prerequisites for the TensorRT-LLM $TRT_VERSION wheels, checked before anything is installed:
+  # a driver for CUDA $TRT_CUDA_MAJOR, the CUDA $TRT_CUDA_MAJOR toolkit with CUDA_HOME, Open MPI (library and mpirun).
+  # (lyre.gpucheck.prereqs: standard library only; it prints every check and what to do for each failed one)
+  PYTHONPATH=src "$PYTHON" -m lyre.gpucheck.prereqs \
+    || fail "this GPU machine is not ready for TensorRT-LLM $TRT_VERSION: see the checks above"
 fi
 torch_spec=${LYRE_TORCH_SPEC:-torch==2.13.0}
 
@@ -141,12 +135,19 @@ else
   : >"$log"
   install_args=()
   if [ "$extras" = dev,trt ]; then
-    say "NVIDIA GPU found (driver for CUDA $cuda): NVIDIA's pip route for TensorRT-LLM $TRT_VERSION (several GB)"
+    say "NVIDIA GPU found: NVIDIA's pip route for TensorRT-LLM $TRT_VERSION (several GB)"
     say "installing $gpu_torch_spec from $gpu_torch_index"
     pip_install "$gpu_torch_spec" torchvision --index-url "$gpu_torch_index" \
       || fail "could not install $gpu_torch_spec from $gpu_torch_index (see $log)"
-    # TensorRT-LLM's wheels live on NVIDIA's index; torch stays the CUDA 13 build just installed.
+    # TensorRT-LLM alone first (its wheels live on NVIDIA's index; torch stays the CUDA 13 build just
+    # installed): its hard pins (numpy<2, transformers, datasets, setuptools<80, h5py, triton...) then
+    # bind everything else, which is installed constrained to what it brought (one resolve of the
+    # whole .[dev,trt] can pick versions those pins refuse).
     .venv/bin/python -c "import torch; print('torch==' + torch.__version__)" >.venv/trt-constraints.txt
+    say "installing tensorrt-llm==$TRT_VERSION"
+    pip_install --extra-index-url https://pypi.nvidia.com -c .venv/trt-constraints.txt "tensorrt-llm==$TRT_VERSION" \
+      || fail "could not install tensorrt-llm==$TRT_VERSION (see $log)"
+    .venv/bin/python -m pip freeze --exclude-editable | grep -E '^[A-Za-z0-9_.-]+==' >.venv/trt-constraints.txt
     install_args=(--extra-index-url https://pypi.nvidia.com -c .venv/trt-constraints.txt)
   elif [ "$gpu" = no ]; then
     say "no NVIDIA GPU: installing the CPU build of torch ($torch_spec); the TensorRT-LLM backend (trt extra) is skipped"
@@ -158,7 +159,8 @@ else
   fi
   say "installing lyre with extras [$extras] (log: $log)"
   if [ "$extras" = dev,trt ]; then  # NVIDIA's documented route is pip's (its index order and constraints)
-    pip_install "${install_args[@]}" -e ".[$extras]" || fail "could not install the project's dependencies"
+    pip_install "${install_args[@]}" -e ".[$extras]" || fail "could not install the project's dependencies within" \
+      "TensorRT-LLM $TRT_VERSION's pins (every package it installed is held at its version: .venv/trt-constraints.txt)"
   else
     deps_install -e ".[$extras]" || fail "could not install the project's dependencies"
   fi

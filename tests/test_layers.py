@@ -28,7 +28,7 @@ LAYERS = {
     "service": 6,
     "api": 7,
     "server": 8, "tools": 8, "benchmarks": 8,
-    "cli": 9,
+    "cli": 9, "gpucheck": 9,  # the GPU acceptance run drives the build, both engines and the benchmark
     "__main__": 10,
 }
 SIBLINGS_AT_THE_TOP = 8

@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-SNAPSHOT = REPO_ROOT / "tests" / "support" / "trtllm_api" / "requirements-1.2.1.json"
+SNAPSHOT = REPO_ROOT / "src" / "lyre" / "gpucheck" / "tensorrt-llm-1.2.1-requires.json"  # (what gpucheck checks against)
 
 
 GPU_PYTHONS = ("3.10", "3.12")  # TensorRT-LLM 1.2.1's wheels; setup.sh installs the trt extra only there

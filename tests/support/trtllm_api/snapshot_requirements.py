@@ -1,4 +1,5 @@
-"""Regenerate ``requirements-<version>.json``: the requirements TensorRT-LLM publishes on PyPI.
+"""Regenerate ``src/lyre/gpucheck/tensorrt-llm-<version>-requires.json``: the requirements TensorRT-LLM
+publishes on PyPI (``python -m lyre.gpucheck`` checks an install against them).
 
     python tests/support/trtllm_api/snapshot_requirements.py [--version 1.2.1]
 
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", default="1.2.1")
     args = p.parse_args(argv)
     url, info = fetch(args.version)
-    out = HERE / f"requirements-{args.version}.json"
+    out = HERE.parents[2] / "src" / "lyre" / "gpucheck" / f"tensorrt-llm-{args.version}-requires.json"
     out.write_text(json.dumps({
         "package": "tensorrt-llm",
         "version": args.version,
