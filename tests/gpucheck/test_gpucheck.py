@@ -30,7 +30,7 @@ READY = [Check("NVIDIA GPU", True, "0: NVIDIA H100 80GB HBM3"), Check("driver", 
 
 def fake_benchmark(calls: list):
     """Stands in for benchmark.py --mode scaling (a server on the GPU backend): writes what it would."""
-    def run_benchmark(argv, log, cwd):
+    def run_benchmark(argv, log, cwd, timeout_s):
         calls.append(argv)
         Path(argv[argv.index("--output") + 1]).write_text("{}")
         Path(argv[argv.index("--plot") + 1]).write_bytes(b"PNG")
@@ -124,3 +124,17 @@ def test_pin_violations_read_markers_and_ignore_what_is_not_installed():
     ([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 2, 4], 2), ([1, 2], [1, 2, 3], 2), ([5], [6], 0)])
 def test_first_difference(torch_tokens, tested_tokens, expected):
     assert stages.first_difference(torch_tokens, tested_tokens) == expected
+
+
+def test_a_command_past_its_time_limit_is_stopped_with_every_process_it_started(tmp_path):
+    """The scaling benchmark starts servers: past --scaling-timeout the whole process group goes."""
+    from lyre.gpucheck.context import TIMED_OUT, run_logged
+
+    pidfile = tmp_path / "child.pid"
+    script = f"sleep 300 & echo $! > {pidfile}; wait"
+    assert run_logged(["bash", "-c", script], tmp_path / "log", tmp_path, timeout_s=3) == TIMED_OUT
+    child = int(pidfile.read_text())
+    stat = Path(f"/proc/{child}/stat")
+    assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z"  # gone, or dead and unreaped
+    assert run_logged(["bash", "-c", "echo hi; exit 3"], tmp_path / "log2", tmp_path, timeout_s=60) == 3
+    assert (tmp_path / "log2").read_text() == "hi\n"

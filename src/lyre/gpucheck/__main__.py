@@ -31,16 +31,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration-samples", type=int, default=32,
                    help="FP8 calibration prompts per build (default 32; build_engine.py's default is 256)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a stage's requests may take (default 600)")
+    p.add_argument("--scaling-timeout", type=float, default=3600.0,
+                   help="seconds the scaling benchmark may take before it is stopped, servers too (default 3600)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.calibration_samples < 1 or args.timeout <= 0 or (args.max_tokens is not None and args.max_tokens < 7):
+    if args.calibration_samples < 1 or args.timeout <= 0 or args.scaling_timeout <= 0 or (args.max_tokens is not None and args.max_tokens < 7):
         parser().error("--calibration-samples and --timeout must be positive, --max-tokens at least 7")
     out = args.out or Path(f"gpucheck-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}")
     ctx = make_context(out, args.backend, work=args.work, levels=args.levels, max_tokens=args.max_tokens,
-                       calibration_samples=args.calibration_samples, timeout_s=args.timeout)
+                       calibration_samples=args.calibration_samples, timeout_s=args.timeout,
+                       scaling_timeout_s=args.scaling_timeout)
     command = "python -m lyre.gpucheck " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv))
     report = run(ctx, command.strip())
     print(f"{'PASSED' if report.passed else 'FAILED'}: the report is {out / 'REPORT.md'}")

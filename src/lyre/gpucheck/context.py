@@ -4,7 +4,10 @@ a batch of requests through either engine to the end (:func:`generate`)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -33,10 +36,26 @@ def load_llmapi() -> SimpleNamespace:
     return load()
 
 
-def run_logged(argv: list[str], log: Path, cwd: Path) -> int:
-    """Run ``argv`` with its output in ``log``; its exit status."""
+TIMED_OUT = 124  # run_logged's status for a command stopped at its time limit (as timeout(1) says it)
+
+
+def run_logged(argv: list[str], log: Path, cwd: Path, timeout_s: float) -> int:
+    """Run ``argv`` with its output in ``log``; its exit status, or :data:`TIMED_OUT` when it ran past
+    ``timeout_s`` and was stopped with every process it started (a benchmark's servers too)."""
     with log.open("w") as f:
-        return subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd).returncode
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, sig)
+                try:
+                    proc.wait(timeout=grace)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            return TIMED_OUT
 
 
 def cuda_device() -> dict[str, Any] | None:
@@ -67,7 +86,7 @@ class Kit:
     gpu: Callable[[], dict[str, Any] | None] = cuda_device
     installed: Callable[[str], str | None] = installed_version
     device: str = "cuda"
-    run: Callable[[list[str], Path, Path], int] = run_logged
+    run: Callable[[list[str], Path, Path, float], int] = run_logged
 
 
 @dataclass
@@ -81,6 +100,7 @@ class Context:
     levels: str = "1,8,32,64"
     max_tokens: int | None = None  # the scaling stage's tokens per request (None: the server's sampling.max_tokens)
     timeout_s: float = 600.0  # one stage's requests, at most
+    scaling_timeout_s: float = 3600.0  # the scaling benchmark, at most
     env: Environment | None = None
     engines: dict[str, tuple[Path, Manifest]] = field(default_factory=dict)  # name -> (engine dir, manifest)
 

@@ -75,7 +75,10 @@ def stage_environment(kit: Kit, backend: str) -> tuple[str, list[str], dict[str,
     if not any(c.name == "NVIDIA GPU" and c.ok for c in machine_checks):
         raise StageFailed("this machine has no NVIDIA GPU: run python -m lyre.gpucheck on the GPU machine to "
                           "be brought up (on a CPU machine Lyre serves with the PyTorch backend)", details, data)
-    violations = pin_violations(lyre_requirements(), kit.installed)
+    ours = lyre_requirements()
+    if not ours:
+        details.append("Lyre runs from its source tree, not installed: its own requirements were not checked.")
+    violations = pin_violations(ours, kit.installed)
     if backend == "trtllm":
         env = kit.probe()
         data["tensorrt_llm"], data["tensorrt"] = env.tensorrt_llm_version, env.tensorrt_version
@@ -94,6 +97,8 @@ def stage_environment(kit: Kit, backend: str) -> tuple[str, list[str], dict[str,
     if problems:
         details += ["", "Problems:", "", *[f"- {p}" for p in problems]]
         raise StageFailed(f"{len(problems)} problem(s): {problems[0]}", details, data)
-    return f"{gpu}; every package inside the pins", details, data
+    checked = (["TensorRT-LLM's pins"] if backend == "trtllm" else []) + (["Lyre's requirements"] if ours else [])
+    return f"{gpu}; " + (f"every package inside {' and '.join(checked)}" if checked else "no package pins checked"), \
+        details, data
 
 

@@ -21,7 +21,7 @@ from lyre.engine.base import GenerationRequest, SamplingParams, TokenEngine
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.engine.trtllm.config import TrtllmEngineConfig
 from lyre.engine.trtllm.engine import TrtllmEngine
-from lyre.gpucheck.context import Context, Outcome, generate
+from lyre.gpucheck.context import TIMED_OUT, Context, Outcome, generate
 from lyre.gpucheck.report import StageFailed
 from lyre.model import checkpoint, orpheus
 from lyre.tools.build import build_trtllm_engine, plan_build
@@ -226,8 +226,13 @@ def stage_scaling(ctx: Context) -> Result:
     for s in sets:
         argv += ["--set", s]
     log = ctx.out / "scaling.log"
-    code = ctx.kit.run(argv, log, repo)
+    code = ctx.kit.run(argv, log, repo, ctx.scaling_timeout_s)
     details = [f"`{' '.join(argv[1:])}`", "", f"Output: scaling.json, scaling.png, scaling.log (in {ctx.out})"]
+    if code == TIMED_OUT:
+        tail = log.read_text().splitlines()[-15:] if log.is_file() else []
+        raise StageFailed(f"benchmark.py --mode scaling did not finish in {ctx.scaling_timeout_s:.0f} s (stopped; "
+                          f"fewer --levels or --max-tokens, or a longer --scaling-timeout)",
+                          details + ["", "```", *tail, "```"])
     if code != 0:
         tail = log.read_text().splitlines()[-15:] if log.is_file() else []
         raise StageFailed(f"benchmark.py --mode scaling exited {code}", details + ["", "```", *tail, "```"])
