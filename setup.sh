@@ -10,7 +10,7 @@
 # PyTorch's cu130 index, then tensorrt-llm==1.2.1 alone (from https://pypi.nvidia.com), then the
 # project with its dev and trt extras constrained to every version TensorRT-LLM installed.
 # pyproject.toml's ranges intersect TensorRT-LLM 1.2.1's published requirements
-# (tests/deploy/test_install.py checks them against tests/support/trtllm_api/requirements-1.2.1.json).
+# (tests/deploy/test_install.py checks them against src/lyre/gpucheck/tensorrt-llm-1.2.1-requires.json).
 #
 # Idempotent: a second run with nothing changed only checks and takes seconds.
 # --with-test-services: also install the OS packages the test suite needs when missing (Debian's

@@ -91,9 +91,11 @@ def logits_rows(n: int, seed: int = 9) -> torch.Tensor:
 # the TensorRT-LLM backend's post-processor
 
 
-def test_the_tensorrt_llm_post_processor_meets_the_specification():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_tensorrt_llm_post_processor_meets_the_specification(dtype):
+    """In the executor's logits dtype (float32 by default; 16-bit when the engine gathers them so)."""
     all_cases = cases()
-    rows = logits_rows(len(all_cases))
+    rows = logits_rows(len(all_cases)).to(dtype)
     processor = LogitsPostProcessor()
     views, histories, ids = [], [], []
     for i, (prompt, generated, p) in enumerate(all_cases):

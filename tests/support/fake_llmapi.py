@@ -71,6 +71,9 @@ class LLM:
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps({"fake": True}))
         (out / "rank0.engine").write_bytes(b"FAKE ENGINE")
+        for name in ("tokenizer.json", "tokenizer_config.json"):  # (the LLM saves its tokenizer beside the engine)
+            if (Path(self.kwargs["model"]) / name).is_file():
+                (out / name).write_bytes((Path(self.kwargs["model"]) / name).read_bytes())
         self.saved_to = out
 
     def shutdown(self) -> None:

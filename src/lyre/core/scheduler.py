@@ -168,11 +168,13 @@ class Scheduler:
         try:
             while self.engine.has_work():
                 self.engine.step()
-            self.audio.shutdown()
-            self.publish()
-        finally:  # the engine is closed whatever failed above (an executor left open can hang the exit)
-            if hasattr(self.engine, "close"):
-                self.engine.close()
+        finally:  # the codec and the engine are closed whatever failed above (an executor left open can hang the exit)
+            try:
+                self.audio.shutdown()
+                self.publish()
+            finally:
+                if hasattr(self.engine, "close"):
+                    self.engine.close()
 
     # --- expire ---------------------------------------------------------------------------------
 

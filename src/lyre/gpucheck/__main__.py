@@ -39,7 +39,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.calibration_samples < 1 or args.timeout <= 0 or args.scaling_timeout <= 0 or (args.max_tokens is not None and args.max_tokens < 7):
-        parser().error("--calibration-samples and --timeout must be positive, --max-tokens at least 7")
+        parser().error("--calibration-samples, --timeout and --scaling-timeout must be positive, --max-tokens at least 7")
     out = args.out or Path(f"gpucheck-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}")
     ctx = make_context(out, args.backend, work=args.work, levels=args.levels, max_tokens=args.max_tokens,
                        calibration_samples=args.calibration_samples, timeout_s=args.timeout,

@@ -86,9 +86,19 @@ def check_toolkit() -> Check:
     return Check("CUDA toolkit", True, found)
 
 
-def check_mpi() -> Check:
+MPI_DIRS = ("/opt/hpcx/ompi/lib",)  # NVIDIA's containers: HPC-X's Open MPI, found through LD_LIBRARY_PATH
+
+
+def _has_libmpi() -> bool:
     libs = _run(["ldconfig", "-p"]) or _run(["/sbin/ldconfig", "-p"]) or ""
-    has_lib, mpirun = "libmpi.so" in libs, shutil.which("mpirun")
+    if "libmpi.so" in libs:
+        return True
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d] + list(MPI_DIRS)
+    return any(any(Path(d).glob("libmpi.so*")) for d in dirs if Path(d).is_dir())
+
+
+def check_mpi() -> Check:
+    has_lib, mpirun = _has_libmpi(), shutil.which("mpirun")
     found = f"libmpi.so {'found' if has_lib else 'missing'}, mpirun {mpirun or 'missing'}"
     if has_lib and mpirun:
         return Check("MPI", True, found)

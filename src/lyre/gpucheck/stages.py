@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from lyre.engine.base import GenerationRequest, SamplingParams, TokenEngine
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.engine.trtllm.config import TrtllmEngineConfig
 from lyre.engine.trtllm.engine import TrtllmEngine
+from lyre.engine.trtllm.requests import make_request
 from lyre.gpucheck.context import TIMED_OUT, Context, Outcome, generate
 from lyre.gpucheck.report import StageFailed
 from lyre.model import checkpoint, orpheus
@@ -30,7 +32,9 @@ TEXTS = ("Hello, this is the first test of the engine.", "The quick brown fox ju
          "Please hold while I transfer your call.", "Your appointment is on Tuesday at three.")
 VOICES = ("tara", "leo", "mia", "zac")
 PARITY_TOKENS = 7 * 12
-NEAR_TIE = 0.05  # logits apart: two 16-bit implementations may order such a pair either way
+# Two 16-bit implementations may order a pair of logits this close either way: an absolute floor
+# plus fp16's relative precision of the larger one (the tiny demo's logits are ~0.3; Orpheus's ~20).
+NEAR_TIE_ABS, NEAR_TIE_REL = 0.005, 0.002
 
 
 Result = tuple[str, list[str], dict[str, Any]]
@@ -64,12 +68,25 @@ def stage_build(ctx: Context) -> Result:
     return f"{len(builds(ctx))} engines built", rows, data
 
 
-def _trt(ctx: Context, name: str) -> TrtllmEngine:
+def _trt_config(ctx: Context, name: str) -> TrtllmEngineConfig:
     if name not in ctx.engines:
         raise StageFailed(f"no {name} engine: the build stage did not run")
-    engine_dir, manifest = ctx.engines[name]
-    cfg = ctx.config(name.split("-")[0], manifest.quantization)
-    return TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest), bindings=ctx.kit.bindings())
+    _, manifest = ctx.engines[name]
+    return TrtllmEngineConfig.from_config(ctx.config(name.split("-")[0], manifest.quantization), manifest)
+
+
+def _trt(ctx: Context, name: str) -> TrtllmEngine:
+    return TrtllmEngine(_trt_config(ctx, name), bindings=ctx.kit.bindings())
+
+
+class _ExecutorPenalty(TrtllmEngine):
+    """The cloned stage's control: requests carry the executor's own repetition penalty (no window,
+    the prompt included), which Lyre never sets."""
+
+    PENALTY = 1.3
+
+    def to_executor_request(self, request: GenerationRequest, client_id: int):
+        return make_request(self.tle, request, client_id, self.cfg.max_seq_len, executor_penalty=self.PENALTY)
 
 
 def _torch(ctx: Context, shape: str, slots: int) -> TorchEngine:
@@ -124,9 +141,14 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
                 None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def margin(ref: Outcome, k: int, other: int, penalty: float = 1.0, window: int = 64) -> float:
-    """How far apart, in the reference (PyTorch) engine's logits at step ``k``, its choice and
-    ``other`` were (after its repetition penalty): inf when ``other`` could not be sampled there."""
+def near_tie(logit: float) -> float:
+    return NEAR_TIE_ABS + NEAR_TIE_REL * abs(logit)
+
+
+def margin(ref: Outcome, k: int, other: int, penalty: float = 1.0, window: int = 64) -> tuple[float, float]:
+    """(gap, tolerance): how far apart, in the reference (PyTorch) engine's logits at step ``k``, its
+    choice and ``other`` were (after its repetition penalty; inf when ``other`` could not be sampled
+    there), and the near-tie tolerance at that logit."""
     row, ids = ref.logits[k], ref.logits_ids[k]
     recent = set(ref.tokens[max(0, k - window) if window else 0:k]) if penalty != 1.0 else set()
 
@@ -137,12 +159,13 @@ def margin(ref: Outcome, k: int, other: int, penalty: float = 1.0, window: int =
         v = float(row[int(at[0])])
         return (v / penalty if v > 0 else v * penalty) if token in recent else v
 
-    return value(ref.tokens[k]) - value(other)
+    chosen = value(ref.tokens[k])
+    return chosen - value(other), near_tie(chosen)
 
 
 def compare(reference: dict[str, Outcome], tested: dict[str, Outcome], penalty: float = 1.0) -> tuple[list[str], list[str]]:
     """(Markdown rows, failures) comparing each request's tokens; a first difference at a near-tie
-    (:data:`NEAR_TIE`) is reported, not failed."""
+    (:func:`near_tie`) is reported, not failed."""
     rows, failures = ["| request | tokens | first difference | margin there |", "| --- | --- | --- | --- |"], []
     for rid, ref in reference.items():
         got = tested[rid]
@@ -156,16 +179,17 @@ def compare(reference: dict[str, Outcome], tested: dict[str, Outcome], penalty: 
         if k >= min(len(ref.tokens), len(got.tokens)):
             failures.append(f"{rid}: the same {k} tokens, then one engine stopped ({len(ref.tokens)} vs {len(got.tokens)})")
             continue
-        m = margin(ref, k, got.tokens[k], penalty)
+        m, tolerance = margin(ref, k, got.tokens[k], penalty)
         rows.append(f"| {rid} | {len(ref.tokens)} | token {k}: {ref.tokens[k]} vs {got.tokens[k]} | {m:.4f} |")
-        if m > NEAR_TIE:
+        if m > tolerance:
             failures.append(f"{rid}: token {k} is {got.tokens[k]} where the PyTorch engine chose {ref.tokens[k]}, "
-                            f"{m:.4f} logits ahead (more than a 16-bit near-tie, {NEAR_TIE})")
+                            f"{m:.4f} logits ahead (more than a 16-bit near-tie, {tolerance:.4f})")
     return rows, failures
 
 
-def _both(ctx: Context, requests: list[GenerationRequest], penalty: float) -> Result:
-    reference = _closing(_torch(ctx, "tiny", len(requests)), requests, ctx.timeout_s)
+def _both(ctx: Context, requests: list[GenerationRequest], penalty: float,
+          reference: dict[str, Outcome] | None = None) -> Result:
+    reference = reference or _closing(_torch(ctx, "tiny", len(requests)), requests, ctx.timeout_s)
     tested = _closing(_trt(ctx, "tiny-fp16"), [GenerationRequest(r.request_id, r.prompt_ids, r.sampling)
                                                for r in requests], ctx.timeout_s)
     rows, failures = compare(reference, tested, penalty)
@@ -198,13 +222,26 @@ def stage_cloned(ctx: Context) -> Result:
     penalty = 1.3
     sampling = SamplingParams(temperature=0.0, repetition_penalty=penalty, repetition_window=64,
                               max_tokens=PARITY_TOKENS, min_tokens=PARITY_TOKENS)
-    prompt = orpheus.build_clone_prompt_ids(tok, TEXTS[1], "This is my reference recording.", reference_codes())
-    requests = [GenerationRequest(f"cloned-{i}", prompt, sampling, record_logits=True) for i in range(2)]
-    summary, rows, data = _both(ctx, requests, penalty)
+    requests = [GenerationRequest(f"cloned-{i}", orpheus.build_clone_prompt_ids(
+        tok, text, "This is my reference recording.", reference_codes()), sampling, record_logits=True)
+        for i, text in enumerate(TEXTS[1:3])]
+    reference = _closing(_torch(ctx, "tiny", len(requests)), requests, ctx.timeout_s)
+    summary, rows, data = _both(ctx, requests, penalty, reference)
+    # the control: the executor's own penalty (the prompt's reference codes included, no window) in
+    # place of Lyre's must part from the PyTorch engine, or this stage could not tell them apart
+    control = _closing(_ExecutorPenalty(_trt_config(ctx, "tiny-fp16"), bindings=ctx.kit.bindings()), [
+        GenerationRequest(r.request_id, r.prompt_ids, replace(r.sampling, repetition_penalty=1.0)) for r in requests],
+        ctx.timeout_s)
+    control_rows, parted = compare(reference, control, penalty)
     rows += ["", "The PyTorch engine penalises only the last 64 generated tokens, never the prompt "
              "(tests/engine/test_logits_spec.py holds both engines to that); the executor's own penalty, "
-             "which would also cover the reference codes in the prompt, is never set."]
-    return summary + " with the windowed penalty", rows, data
+             "which would also cover the reference codes in the prompt, is never set.", "",
+             "Control: the executor's own penalty instead of Lyre's, the same requests:", "", *control_rows]
+    if not parted:
+        raise StageFailed("the control (the executor's own penalty, prompt included) gave the PyTorch engine's tokens "
+                          "too: this stage cannot tell the two penalties apart on this checkpoint", rows, data)
+    data["control_parted"] = len(parted)
+    return summary + f" with the windowed penalty; the executor's own penalty parts in {len(parted)}", rows, data
 
 
 def stage_scaling(ctx: Context) -> Result:

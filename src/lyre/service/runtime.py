@@ -47,6 +47,7 @@ from lyre.engine.backend import (
     BackendChoice,
     BackendError,
     Environment,
+    Manifest,
     check_manifest,
     probe_environment,
     select_backend,
@@ -57,6 +58,7 @@ from lyre.engine.trtllm.config import TrtllmEngineConfig
 from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.errors import LyreError
 from lyre.model import checkpoint, orpheus
+from lyre.service.gpu_memory import GpuMemory
 from lyre.service.voices import Voices
 from lyre.storage.db import database_url, open_database
 from lyre.trust.audit import AuditTrail, instance_name
@@ -117,6 +119,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     engine: TokenEngine | None = None
     try:
         if choice.name == "trtllm":
+            trtllm_manifest(cfg, env, model)  # a wrong engine is refused before anything loads
             # the codec first, loaded and warmed up: the executor sizes its KV cache from the GPU
             # memory free when it starts, and would leave the codec none
             memory = GpuMemory.now()
@@ -174,35 +177,6 @@ def _codec_device(cfg: LyreConfig, engine_device: str) -> str:
     return cfg.codec.device if cfg.codec.device != "auto" else engine_device
 
 
-class GpuMemory:
-    """What each part took of the GPU's memory at start (free memory before and after it, device-wide),
-    logged as one line: the split between the codec and the TensorRT-LLM engine."""
-
-    def __init__(self, free: int, total: int):
-        self.total, self.start, self.last = total, free, free
-        self.parts: list[tuple[str, int]] = []
-
-    @classmethod
-    def now(cls) -> GpuMemory:
-        free, total = torch.cuda.mem_get_info() if torch.cuda.is_available() else (0, 0)
-        return cls(free, total)
-
-    def mark(self, part: str) -> None:
-        free = torch.cuda.mem_get_info()[0] if self.total else 0
-        self.parts.append((part, self.last - free))
-        self.last = free
-
-    def describe(self) -> str:
-        gib = 1 << 30
-        taken = "; ".join(f"{name} {used / gib:.2f} GiB" for name, used in self.parts)
-        return (f"GPU memory: {self.start / gib:.2f} of {self.total / gib:.2f} GiB free at start; {taken}; "
-                f"{self.last / gib:.2f} GiB left free")
-
-    def report(self) -> None:
-        if self.total:
-            log.info("%s", self.describe())
-
-
 def choose_backend(cfg: LyreConfig) -> tuple[BackendChoice, Environment]:
     """``model.backend`` against what this machine has (probed only when TensorRT-LLM may serve)."""
     env = probe_environment() if cfg.model.backend != "torch" else Environment()
@@ -231,8 +205,8 @@ def build_engine(cfg: LyreConfig, choice: BackendChoice, env: Environment,
     return engine, engine_cfg.device, f"torch on {engine_cfg.device} ({engine_cfg.dtype}{weights})"
 
 
-def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
-    """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
+def trtllm_manifest(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> Manifest:
+    """build.engine_dir's manifest, checked against this machine and the checkpoint (LyreError if not)."""
     try:
         manifest = check_manifest(cfg.build.engine_dir, env)
     except BackendError as e:
@@ -242,6 +216,12 @@ def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.Resolved
             f"the engine in {cfg.build.engine_dir} was built from {manifest.model_source}, but the tokenizer and "
             f"codec resolve to the demo checkpoint: set model.path to the checkpoint the engine was built from"
         )
+    return manifest
+
+
+def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
+    """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
+    manifest = trtllm_manifest(cfg, env, model)
     engine = TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
     return engine, "cuda", (f"trtllm {manifest.quantization} engine {cfg.build.engine_dir} on {manifest.gpu_name} "
                             f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")

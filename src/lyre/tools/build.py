@@ -25,7 +25,12 @@ from lyre.config import LyreConfig
 from lyre.engine.backend import MANIFEST_NAME, Environment, Manifest, hash_files
 from lyre.errors import BuildError
 from lyre.model import checkpoint
-from lyre.tools.calibration import CONTINUATION_TOKENS, checkpoint_dtype, write_calibration_set
+from lyre.tools.calibration import (
+    CONTINUATION_TOKENS,
+    STAGED_TOKENIZER_FILES,
+    checkpoint_dtype,
+    write_calibration_set,
+)
 
 __all__ = ["BuildError", "BuildPlan", "build_trtllm_engine", "format_plan", "plan_build", "prepare_torch"]
 
@@ -70,7 +75,8 @@ def plan_build(cfg: LyreConfig, env: Environment, force: bool = False) -> BuildP
     quant = b.quantization
     capability = env.compute_capability
     if quant == "fp8" and env.has_gpu and not env.supports_fp8:
-        fallback = "fp16" if b.kv_cache_dtype == "float16" else "bf16"
+        wanted = b.kv_cache_dtype if b.kv_cache_dtype != "auto" else checkpoint_dtype(model, download)
+        fallback = "fp16" if wanted == "float16" else "bf16"
         warnings.append(
             f"FP8 needs compute capability >= 8.9 (Ada, Hopper, Blackwell); {env.gpu_name} is "
             f"{capability[0]}.{capability[1]}: building {fallback.upper()} weights instead (no calibration)"
@@ -280,6 +286,9 @@ def build_trtllm_engine(cfg: LyreConfig, plan: BuildPlan, progress: bool = True,
         llm.save(str(plan.engine_dir))
     finally:
         llm.shutdown()
+    for name in STAGED_TOKENIZER_FILES:  # a tokenizer saved beside the engine is the checkpoint's, not the staged one
+        if (plan.engine_dir / name).is_file() and (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, plan.engine_dir / name)
     shutil.rmtree(work, ignore_errors=True)
     env = plan.environment
     manifest = Manifest(

@@ -16,6 +16,7 @@ FP8 calibration sees what Orpheus sees when it serves:
 
 from __future__ import annotations
 
+import gc
 import json
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +78,7 @@ def generate_continuations(
                 out.setdefault(d.request_id, []).extend(d.token_ids)
                 bar.update(len(d.token_ids))
     del engine
+    gc.collect()  # (the engine's weights and KV cache, before TensorRT-LLM's builder asks for the memory)
     if device == "cuda":
         torch.cuda.empty_cache()
     return [out.get(f"c{i}", []) for i in range(len(prompts))]

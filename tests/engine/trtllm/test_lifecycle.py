@@ -6,17 +6,22 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 import lyre.engine.trtllm.engine as trtllm_engine
 from lyre.engine.backend import Environment, Manifest
+from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.engine.trtllm.config import TrtllmEngineConfig
+from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.errors import LyreError
-from lyre.service import runtime
+from lyre.service import gpu_memory, runtime
 from tests.support import fake_trtllm as tle
 from tests.support.model_executor import bindings
 from tests.support.paths import REPO_ROOT
 from tests.support.services import F, run, service
+from tests.support.trtllm import PROMPT
 
 H100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "1.2.1", "10.13.2.6")
 
@@ -69,6 +74,44 @@ def test_the_codec_is_loaded_and_warmed_up_before_the_executor_takes_its_kv_cach
     kv = executors[0].config.kv_cache_config
     assert kv.max_tokens == 8 * 512  # every slot full (the manifest's max_batch_size x max_seq_len), no more
     assert executors[0]._shut  # closed with the service
+
+
+def test_an_engine_built_for_another_gpu_is_refused_before_the_codec_loads(trtllm_service, monkeypatch):
+    tts, events, _ = trtllm_service
+    monkeypatch.setattr(runtime, "probe_environment", lambda: Environment("NVIDIA L4", (8, 9), "1.2.1", "10.14.1.48"))
+
+    async def go():
+        async with tts:
+            pass
+
+    with pytest.raises(LyreError, match="does not match this machine"):
+        run(go())
+    assert events == []  # nothing loaded for an engine that cannot run
+
+
+def test_close_from_two_threads_at_once_shuts_the_executor_down_once_and_ends_what_was_running(tmp_path):
+    engine = TrtllmEngine(TrtllmEngineConfig(str(tmp_path)), bindings=tle)
+    shutdowns = []
+    gate = threading.Barrier(2)
+    shutdown = engine.executor.shutdown
+
+    def counted():
+        shutdowns.append(threading.current_thread().name)
+        shutdown()
+
+    engine.executor.shutdown = counted
+    assert engine.add(GenerationRequest("live", PROMPT, SamplingParams(max_tokens=500, min_tokens=500)))
+    closers = [threading.Thread(target=lambda: (gate.wait(), engine.close())) for _ in range(2)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+    assert len(shutdowns) == 1
+    ended = engine.step()  # the engine thread's next step after a close under it (at interpreter exit)
+    assert [(d.request_id, d.finished, d.finish_reason) for d in ended] == [("live", True, "error")]
+    assert "closed" in ended[0].error and not engine.has_work()
+    with pytest.raises(ValueError, match="closed"):
+        engine.add(GenerationRequest("late", PROMPT))
 
 
 def test_a_start_that_fails_after_the_engine_is_built_shuts_the_executor_down(trtllm_service, monkeypatch):
@@ -126,9 +169,9 @@ def test_an_engine_nobody_closed_is_shut_down_at_interpreter_exit(tmp_path):
 def test_the_gpu_memory_split_is_reported_part_by_part(monkeypatch):
     gib = 1 << 30
     free = iter([70 * gib, 69 * gib, 9 * gib])  # at start, after the codec, after the engine
-    monkeypatch.setattr(runtime.torch.cuda, "is_available", lambda: True)  # (no GPU here: its readings)
-    monkeypatch.setattr(runtime.torch.cuda, "mem_get_info", lambda: (next(free), 80 * gib))
-    memory = runtime.GpuMemory.now()
+    monkeypatch.setattr(gpu_memory.torch.cuda, "is_available", lambda: True)  # (no GPU here: its readings)
+    monkeypatch.setattr(gpu_memory.torch.cuda, "mem_get_info", lambda: (next(free), 80 * gib))
+    memory = gpu_memory.GpuMemory.now()
     memory.mark("the codec")
     memory.mark("the TensorRT-LLM engine")
     assert memory.describe() == ("GPU memory: 70.00 of 80.00 GiB free at start; the codec 1.00 GiB; "

@@ -67,9 +67,6 @@ from lyre.engine.trtllm.stats import IterationView, latest_iteration
 log = logging.getLogger("lyre.engine")
 
 
-
-
-
 # --------------------------------------------------------------------------------------------
 # the engine
 
@@ -77,19 +74,17 @@ log = logging.getLogger("lyre.engine")
 @dataclass
 class _InFlight:
     request: GenerationRequest
-    client_id: int  # Lyre's number for it, on the executor Request (keys the audio constraint)
+    client_id: int  # Lyre's number for it, on the executor Request (keys the logits post-processor)
     exec_id: int
     generated: int = 0
     cancelled: bool = False
-    failure: str | None = None  # its audio constraint failed: deliver ``good`` tokens, then end with this
+    failure: str | None = None  # its logits processing failed: deliver ``good`` tokens, then end with this
     good: int = 0
 
 
 @dataclass
 class _PumpFailure:
     error: BaseException
-
-
 
 
 def _load_bindings() -> ModuleType:
@@ -110,6 +105,7 @@ class TrtllmEngine:
         executor_config = make_executor_config(tle, config, self.post_processor)
         self.executor = tle.Executor(Path(config.engine_dir), tle.ModelType.DECODER_ONLY, executor_config)
         self._running = True
+        self._closing = threading.Lock()  # close() may come from the engine thread and the atexit hook at once
         try:
             self._start(config)
         except BaseException:
@@ -154,6 +150,8 @@ class TrtllmEngine:
         when ``capacity`` requests are already live. Raises ValueError for a request that can never run."""
         if self._failed is not None:
             raise ValueError(f"the TensorRT-LLM executor failed: {self._failed}")
+        if not self._running:
+            raise ValueError("the TensorRT-LLM engine is closed")
         check_prompt(request, self.cfg.vocab_size, self._live)
         ids = request.prompt_ids
         if len(ids) > self.cfg.max_input_len or len(ids) >= self.cfg.max_seq_len:
@@ -214,6 +212,8 @@ class TrtllmEngine:
         """Turn the responses that have arrived into deltas (waits ``step_wait_s`` for the first).
         ``order`` is accepted and ignored: the executor batches every admitted request by itself."""
         deltas: dict[str, TokenDelta] = {}
+        if not self._running:  # closed under the engine thread (at interpreter exit): every request ends
+            return [self._finish(f, "error", "the TensorRT-LLM engine was closed") for f in list(self._live.values())]
         for flight in self._cancelled:
             deltas[flight.request.request_id] = self._finish(flight, "cancelled")
         self._cancelled.clear()
@@ -346,13 +346,15 @@ class TrtllmEngine:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop the pump and shut the executor down (in-flight requests end). Idempotent."""
-        if not self._running:
-            return
-        self._running = False
-        atexit.unregister(self._at_exit)
-        self._pump.join()
-        self._shutdown_executor()
+        """Stop the pump and shut the executor down (in-flight requests end). Idempotent and safe from
+        two threads at once (the executor is shut down once: a second shutdown is not safe)."""
+        with self._closing:
+            if not self._running:
+                return
+            self._running = False
+            atexit.unregister(self._at_exit)
+            self._pump.join()
+            self._shutdown_executor()
 
     def _shutdown_executor(self) -> None:
         try:

@@ -127,20 +127,23 @@ class LogitsPostProcessor:
         self.requests.pop(client_id, None)
 
     def __call__(self, req_ids, logits_list, beam_tokens, stream_ptr, client_ids) -> None:
+        rows: list[Row] = []
         try:
             rows = [row for row in map(self._row, client_ids, logits_list, beam_tokens) if row is not None]
             if not rows:
                 return
-            if rows[0].logits.is_cuda:  # on the executor's stream, ordered before its sampling
-                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr)):
+            device = rows[0].logits.device
+            if device.type == "cuda":  # on the executor's stream (of the logits' device), before its sampling
+                with torch.cuda.stream(torch.cuda.ExternalStream(stream_ptr, device=device)):
                     self._apply(rows)
             else:
                 self._apply(rows)
         except Exception as e:  # noqa: BLE001 - never into the executor (see the class doc)
             log.exception("logits post-processing failed for a whole batch")
-            for client_id in client_ids:
-                if client_id in self.requests:
-                    self._fail(client_id, e)
+            # the requests it had work for (the others' logits were not touched), or, failing before
+            # it knew them, every registered one in the batch
+            for client_id in [r.client_id for r in rows] or [c for c in client_ids if c in self.requests]:
+                self._fail(client_id, e)
 
     def _row(self, client_id, logits, beams) -> Row | None:
         """This step's work for a registered request (None: nothing to do, or not ours)."""

@@ -33,14 +33,16 @@ def make_executor_config(tle: ModuleType, config: TrtllmEngineConfig, post_proce
     )
 
 
-def make_request(tle: ModuleType, request: GenerationRequest, client_id: int, max_seq_len: int) -> Any:
+def make_request(tle: ModuleType, request: GenerationRequest, client_id: int, max_seq_len: int,
+                 executor_penalty: float | None = None) -> Any:
     """The executor ``Request`` for ``request``: streaming token ids, ``max_tokens`` capped to the room
     left in the sequence, end-of-speech as ``end_id`` and the other stop ids as ``stop_words``, the
     sampling with a per-request seed (an unseeded request gets a random one: the executor would give
     every request seed 0), the scheduler's priority, and Lyre's logits post-processor by
     ``client_id`` for a constrained or penalised request. The executor's own repetition penalty stays
     off: it has no window and covers the prompt (a cloned voice's reference codes); the
-    post-processor applies Lyre's, over the most recent generated tokens."""
+    post-processor applies Lyre's, over the most recent generated tokens (``executor_penalty`` sets the
+    executor's own: the acceptance run's control, never the server)."""
     p = request.sampling
     greedy = p.temperature == 0
     sampling = tle.SamplingConfig(
@@ -50,6 +52,7 @@ def make_request(tle: ModuleType, request: GenerationRequest, client_id: int, ma
         temperature=None if greedy else p.temperature,
         seed=p.seed if p.seed is not None else random.getrandbits(63),
         min_tokens=p.min_tokens or None,
+        repetition_penalty=executor_penalty,
     )
     end_id = orpheus.END_OF_SPEECH if orpheus.END_OF_SPEECH in p.stop_ids else p.stop_ids[0]
     stop_words = [[t] for t in p.stop_ids if t != end_id]

@@ -1,6 +1,6 @@
 """``python -m lyre.gpucheck``, the acceptance run for a GPU machine: on this CPU machine it stops at
-the environment stage saying so; its stages run against FAKES of what needs a GPU (the executor
-bindings, whose logits come from the checkpoint through transformers, and the LLM API's build)."""
+the environment stage saying so; the whole run against FAKES of what needs a GPU
+(``tests/support/gpucheck.py``), its environment checks, its time limit."""
 
 from __future__ import annotations
 
@@ -13,41 +13,11 @@ import pytest
 
 from lyre.engine.backend import Environment
 from lyre.gpucheck import stages
-from lyre.gpucheck.context import Kit
 from lyre.gpucheck.environment import pin_violations
 from lyre.gpucheck.prereqs import Check
-from lyre.gpucheck.run import make_context, run
-from tests.support import fake_llmapi
-from tests.support import fake_trtllm as tle
-from tests.support.model_executor import ModelExecutor, bindings
+from lyre.gpucheck.run import run
+from tests.support.gpucheck import H100, READY, context, fake_kit
 from tests.support.paths import REPO_ROOT
-
-H100 = Environment("NVIDIA H100 80GB HBM3", (9, 0), "1.2.1", "10.14.1.48")
-READY = [Check("NVIDIA GPU", True, "0: NVIDIA H100 80GB HBM3"), Check("driver", True, "driver 580.65, CUDA 13.0"),
-         Check("CUDA toolkit", True, "CUDA 13.0 at /usr/local/cuda-13.0"), Check("MPI", True, "found"),
-         Check("Python", True, "3.12")]
-
-
-def fake_benchmark(calls: list):
-    """Stands in for benchmark.py --mode scaling (a server on the GPU backend): writes what it would."""
-    def run_benchmark(argv, log, cwd, timeout_s):
-        calls.append(argv)
-        Path(argv[argv.index("--output") + 1]).write_text("{}")
-        Path(argv[argv.index("--plot") + 1]).write_bytes(b"PNG")
-        log.write_text("fake benchmark\n")
-        return 0
-    return run_benchmark
-
-
-def fake_kit(executor=ModelExecutor, calls=None) -> Kit:
-    return Kit(machine_checks=lambda: READY, probe=lambda: H100, bindings=lambda: bindings(executor),
-               llmapi=fake_llmapi.api, gpu=lambda: {"name": H100.gpu_name, "capability": [9, 0], "memory_gib": 79.2},
-               installed=lambda name: None, device="cpu", run=fake_benchmark(calls if calls is not None else []))
-
-
-def context(tmp_path, kit, backend="trtllm"):
-    return make_context(tmp_path / "report", backend, kit, work=tmp_path / "work", shapes=("tiny",),
-                        calibration_samples=2, levels="1,2", timeout_s=600)
 
 
 def test_on_a_machine_without_a_gpu_it_stops_at_the_environment_stage_saying_so(tmp_path):
@@ -68,26 +38,19 @@ def test_every_stage_passes_against_engines_that_compute_what_the_checkpoint_doe
     text = (tmp_path / "report" / "REPORT.md").read_text()
     assert text.startswith("# Lyre GPU acceptance run: PASSED")
     by = {s.name: s for s in report.stages}
+    assert by["cloned"].data["control_parted"] >= 1  # the executor's own penalty parts from Lyre's
     assert by["build"].data["tiny-fp8"]["quantization"] == "fp8" and by["build"].data["tiny-fp16"]["dtype"] == "float16"
     assert by["build"].data["tiny-fp8"]["dtype"] == "bfloat16"  # the demo checkpoint's: calibrated as served
+    saved = json.loads((tmp_path / "work" / "engines" / "tiny-fp8" / "tokenizer.json").read_text())
+    assert saved["post_processor"] is not None  # beside the engine: the checkpoint's tokenizer, not the staged one
     assert by["constraint"].data["tokens"] == 168
     assert by["parity"].data == {"identical": 4, "requests": 4}, by["parity"].details
-    assert by["cloned"].data == {"identical": 2, "requests": 2} and "windowed penalty" in by["cloned"].summary
+    assert (by["cloned"].data["identical"], by["cloned"].data["requests"]) == (2, 2)
+    assert "windowed penalty" in by["cloned"].summary
     argv = calls[0]
     assert argv[1:5] == ["benchmark.py", "--mode", "scaling", "--levels"] and "model.backend=trtllm" in argv
     assert f"build.engine_dir={tmp_path / 'work' / 'engines' / 'tiny-fp8'}" in argv
     assert (tmp_path / "report" / "scaling.png").is_file()
-
-
-def test_the_parity_stage_fails_naming_the_first_token_where_the_engines_part(tmp_path):
-    """The plain fake executor samples from seeded random logits, not the checkpoint's: the greedy
-    tokens part at once, far from a near-tie, and the run stops there."""
-    report = run(context(tmp_path, fake_kit(executor=tle.Executor)), "python -m lyre.gpucheck", say=lambda _: None)
-    assert [s.status for s in report.stages] == ["pass", "pass", "pass", "FAIL", "not run", "not run"]
-    parity = report.stages[3]
-    assert parity.summary.startswith("4 of 4 requests differ") and "token 0 is" in parity.summary
-    assert "more than a 16-bit near-tie" in parity.summary
-    assert "FAILED at stage 4 (parity)" in (tmp_path / "report" / "REPORT.md").read_text()
 
 
 def test_the_torch_backend_runs_its_stages_on_the_pytorch_engine(tmp_path):
@@ -138,3 +101,21 @@ def test_a_command_past_its_time_limit_is_stopped_with_every_process_it_started(
     assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z"  # gone, or dead and unreaped
     assert run_logged(["bash", "-c", "echo hi; exit 3"], tmp_path / "log2", tmp_path, timeout_s=60) == 3
     assert (tmp_path / "log2").read_text() == "hi\n"
+
+
+def test_mpi_is_found_through_ld_library_path_as_nvidias_containers_have_it(tmp_path, monkeypatch):
+    from lyre.gpucheck import prereqs
+
+    lib, bin_dir = tmp_path / "hpcx" / "lib", tmp_path / "bin"
+    lib.mkdir(parents=True)
+    bin_dir.mkdir()
+    (lib / "libmpi.so.40").write_bytes(b"")
+    (bin_dir / "mpirun").write_text("#!/bin/sh\n")
+    (bin_dir / "mpirun").chmod(0o755)
+    monkeypatch.setattr(prereqs, "_run", lambda argv: "")  # an ld cache without MPI
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/nonexistent:{lib}")
+    assert prereqs.check_mpi().ok
+    monkeypatch.setenv("LD_LIBRARY_PATH", "")
+    missing = prereqs.check_mpi()
+    assert not missing.ok and "apt-get install -y libopenmpi-dev (then again)" in missing.fix
