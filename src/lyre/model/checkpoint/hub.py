@@ -81,6 +81,11 @@ def download(
     )
 
     setting = "model.path" if kind == "llama" else "codec.path"
+
+    def unreachable(e: Exception) -> str:
+        return (f"cannot download {repo_id}@{revision}: the Hugging Face hub is not reachable from here "
+                f"({type(e).__name__}). Copy the checkpoint onto this machine and set {setting} to its directory.")
+
     try:
         path = _snapshot(repo_id, kind, revision, cache_dir, endpoint=endpoint)
     except GatedRepoError:
@@ -89,13 +94,12 @@ def download(
         ) from None
     except RepositoryNotFoundError:
         raise CheckpointError(f"{repo_id} does not exist on Hugging Face (or is private: log in first)") from None
+    except LocalEntryNotFoundError as e:  # (before HfHubHTTPError: huggingface_hub < 1 derives it from that)
+        raise CheckpointError(unreachable(e)) from None
     except HfHubHTTPError as e:
         raise CheckpointError(f"cannot download {repo_id}@{revision}: the Hugging Face hub answered {e}") from None
-    except (LocalEntryNotFoundError, OSError) as e:
-        raise CheckpointError(
-            f"cannot download {repo_id}@{revision}: the Hugging Face hub is not reachable from here "
-            f"({type(e).__name__}). Copy the checkpoint onto this machine and set {setting} to its directory."
-        ) from None
+    except OSError as e:  # (after HfHubHTTPError, which huggingface_hub < 1 derives from OSError)
+        raise CheckpointError(unreachable(e)) from None
     if not _is_complete(path, kind):
         raise CheckpointError(f"{repo_id}@{revision} downloaded to {path} but lacks the files a {kind} checkpoint needs")
     return path
