@@ -164,6 +164,9 @@ else
   else
     deps_install -e ".[$extras]" || fail "could not install the project's dependencies"
   fi
+  # The Qwen3-TTS reference implementation the tests hold Lyre's to (tests/support/qwen_reference.py):
+  # without its dependencies, which pin gradio, accelerate and torchaudio; what it imports is in .[dev].
+  deps_install --no-deps "qwen-tts==0.1.1" || fail "could not install qwen-tts (the tests' Qwen3-TTS reference)"
   if [ "$extras" = dev,trt ]; then
     if trt_version=$(.venv/bin/python -c "import tensorrt_llm; print(tensorrt_llm.__version__)" 2>>"$log"); then
       say "TensorRT-LLM $trt_version installed: build an engine with python build_engine.py (model.backend auto then uses it)"
