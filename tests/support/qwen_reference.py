@@ -99,3 +99,32 @@ def reference_codes(model: Any, text_ids: list[list[int]], speaker: str | None =
                               speakers=[speaker] * len(text_ids) if speaker else None, non_streaming_mode=False,
                               max_new_tokens=max_frames + 1, **options)
     return codes
+
+
+def tiny_decoder_config(window: int = 8) -> dict[str, Any]:
+    """The 12 Hz decoder's ``decoder_config`` at a tiny width, with the real upsampling (1920 samples
+    per frame) and a short sliding ``window`` (so short tests cross it)."""
+    return dict(codebook_size=64, codebook_dim=32, latent_dim=32, hidden_size=32, intermediate_size=64,
+                num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=2, sliding_window=window,
+                num_quantizers=16, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=64)
+
+
+def tiny_decoder(seed: int = 0, window: int = 8) -> Any:
+    """QwenLM's ``Qwen3TTSTokenizerV2Decoder`` at :func:`tiny_decoder_config`, every parameter drawn at
+    random (seeded; the codebooks' use counts positive), in eval mode. The convolutions' draws are
+    small enough that the audio stays inside [-1, 1] (larger ones clamp nearly every sample, hiding
+    differences); the transformer's are large enough that a wrong attention window changes the audio."""
+    import_qwen_tts()
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import (
+        Qwen3TTSTokenizerV2DecoderConfig,
+    )
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+
+    decoder = Qwen3TTSTokenizerV2Decoder(Qwen3TTSTokenizerV2DecoderConfig(**tiny_decoder_config(window))).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in decoder.named_parameters():
+            # the transformer's larger, or its attention window would hardly show in the audio
+            value = torch.randn(p.shape, generator=g) * (0.3 if name.startswith("pre_transformer") else 0.05)
+            p.copy_(value.abs() + 0.5 if name.endswith("cluster_usage") else value)
+    return decoder

@@ -1,0 +1,73 @@
+"""Lyre's 12 Hz decoder (``lyre.codec.qwen12hz``) against QwenLM's reference decoder: the same
+weights (the reference's own, loaded by name), the same audio from a full decode, and exactly
+that audio again when the same codes arrive in chunks of any size, frame by frame included."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lyre.codec.qwen12hz import Decoder, DecoderConfig, StreamState
+from tests.support.qwen_reference import tiny_decoder, tiny_decoder_config
+
+FRAMES = 30  # past the tiny decoder's 8-frame attention window several times
+SAMPLES = 1920
+
+
+@pytest.fixture(scope="module")
+def decoders():
+    reference = tiny_decoder(seed=4)
+    ours = Decoder(DecoderConfig.from_dict(tiny_decoder_config())).eval()
+    ours.load_state_dict(reference.state_dict())  # strict: every parameter, by the checkpoint's names
+    return reference, ours
+
+
+def codes(batch: int = 1, frames: int = FRAMES, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, 64, (batch, 16, frames), generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_full_decode_is_the_reference_decoders(decoders):
+    reference, ours = decoders
+    c = codes()
+    with torch.no_grad():
+        want, got = reference(c), ours.decode(c)
+    assert got.shape == want.shape == (1, 1, FRAMES * SAMPLES) and ours.cfg.samples_per_frame == SAMPLES
+    assert (want.abs() < 1).all() and want.std() > 1e-3  # audio, not the clamp
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_decoding_as_the_codes_stream_in_gives_the_full_decode(decoders, seed):
+    _, ours = decoders
+    c = codes(seed=10 + seed)
+    rng = random.Random(seed)
+    sizes = [1] * 3 if seed == 0 else []  # frame by frame, then chunks of any size
+    while sum(sizes) < FRAMES:
+        sizes.append(min(rng.randint(1, 9), FRAMES - sum(sizes)))
+    state, parts, at = StreamState(), [], 0
+    with torch.no_grad():
+        full = ours.decode(c)
+        for n in sizes:
+            part = ours.stream(c[..., at:at + n], state)
+            assert part.shape[-1] == n * SAMPLES  # each chunk's own audio, at once: no lookahead
+            parts.append(part)
+            at += n
+    streamed = torch.cat(parts, dim=-1)
+    assert state.frames == FRAMES and (streamed - full).abs().max() <= 1e-5 * full.abs().max(), sizes
+
+
+def test_a_batch_of_streams_decodes_as_each_alone(decoders):
+    _, ours = decoders
+    c = codes(batch=3, seed=7)
+    with torch.no_grad():
+        together = ours.decode(c)
+        alone = torch.cat([ours.decode(c[i:i + 1]) for i in range(3)])
+    assert (together - alone).abs().max() <= 1e-5 * alone.abs().max()
+
+
+def test_codes_of_the_wrong_shape_are_refused(decoders):
+    _, ours = decoders
+    with pytest.raises(ValueError, match=r"codes must be \(batch, 16, frames\)"):
+        ours.decode(torch.zeros(1, 8, 3, dtype=torch.long))
