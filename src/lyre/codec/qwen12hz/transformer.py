@@ -12,18 +12,7 @@ from torch import nn
 
 from lyre.codec.qwen12hz.config import DecoderConfig
 from lyre.codec.qwen12hz.layers import State, Streaming
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+from lyre.model.layers import RMSNorm
 
 
 class LayerScale(nn.Module):

@@ -22,6 +22,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from lyre.engine.torch.transfer import upload
 from lyre.model.checkpoint import LlamaConfig
+from lyre.model.layers import RMSNorm
 
 # Attention runs on every SDPA backend but cuDNN's. cuDNN's attention (which torch picks first on
 # Hopper) builds an execution plan for every new shape, and a decode step's K/V length is new
@@ -133,17 +134,6 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # (T, I) each
         return self.down_proj(F.silu(gate) * up)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalised in float32, scaled in the model dtype (as Hugging Face's LlamaRMSNorm)
-        return self.weight * F.rms_norm(x.float(), self.weight.shape, eps=self.eps).to(x.dtype)
 
 
 # --------------------------------------------------------------------------------------------
