@@ -46,7 +46,7 @@ def test_decoding_as_the_codes_stream_in_gives_the_full_decode(decoders, seed):
     sizes = [1] * 3 if seed == 0 else []  # frame by frame, then chunks of any size
     while sum(sizes) < FRAMES:
         sizes.append(min(rng.randint(1, 9), FRAMES - sum(sizes)))
-    state, parts, at = StreamState(), [], 0
+    state, parts, at = ours.new_state(), [], 0
     with torch.no_grad():
         full = ours.decode(c)
         for n in sizes:
@@ -55,7 +55,7 @@ def test_decoding_as_the_codes_stream_in_gives_the_full_decode(decoders, seed):
             parts.append(part)
             at += n
     streamed = torch.cat(parts, dim=-1)
-    assert state.frames == FRAMES and (streamed - full).abs().max() <= 1e-5 * full.abs().max(), sizes
+    assert state.frames == [FRAMES] and (streamed - full).abs().max() <= 1e-5 * full.abs().max(), sizes
 
 
 def test_a_batch_of_streams_decodes_as_each_alone(decoders):
@@ -71,3 +71,35 @@ def test_codes_of_the_wrong_shape_are_refused(decoders):
     _, ours = decoders
     with pytest.raises(ValueError, match=r"codes must be \(batch, 16, frames\)"):
         ours.decode(torch.zeros(1, 8, 3, dtype=torch.long))
+
+
+def test_streams_at_different_frames_decode_together_as_each_alone(decoders):
+    """Sessions join at different times: their states stack into one batch for a round (one frame
+    each, as the codec runs), and each row's audio is what that stream alone would get."""
+    _, ours = decoders
+    histories = [codes(frames=n, seed=20 + n) if n else None for n in (10, 0, 25)]  # (25: past the window)
+    alone, stacked = [], []
+    with torch.no_grad():
+        for past in histories:
+            state = ours.new_state()
+            if past is not None:
+                ours.stream(past, state)
+            stacked.append(state)
+            alone.append(StreamState.stack([state]).split()[0])  # (a copy to go on alone)
+        together = StreamState.stack(stacked)
+        assert together.frames == [10, 0, 25]
+        for step in range(3):
+            frame = codes(batch=3, frames=1, seed=100 + step)
+            audio = ours.stream(frame, together)
+            for row in range(3):
+                own = ours.stream(frame[row:row + 1], alone[row])
+                assert (audio[row] - own[0]).abs().max() <= 1e-5 * own.abs().max().clamp(min=1e-3)
+        assert together.frames == [13, 3, 28] and [s.frames for s in together.split()] == [[13], [3], [28]]
+
+
+def test_only_states_of_the_same_decoder_shape_stack_and_rows_must_match(decoders):
+    _, ours = decoders
+    with pytest.raises(ValueError, match="Decoder.new_state"):
+        StreamState.stack([ours.new_state(), StreamState()])
+    with pytest.raises(ValueError, match="2 rows of codes for a state of 1 streams"):
+        ours.stream(codes(batch=2, frames=1), ours.new_state())

@@ -89,13 +89,36 @@ class SplitQuantizer(nn.Module):
         return self.rvq_first(codes[:, :1]) + self.rvq_rest(codes[:, 1:])  # (B, codebook_dim, T)
 
 
+POSITION = "pre_transformer.position"  # the state entry that counts each row's frames
+
+
 @dataclass
 class StreamState:
-    """Where a batch of streams is: each streaming layer's carried inputs, the transformer's K/V and
-    positions, and how many frames went in (all rows advance together)."""
+    """Where a batch of streams is: each streaming layer's carried inputs and the transformer's K/V
+    and positions, one row per stream. Rows may be at different frames: streams are decoded
+    together by stacking their states (:meth:`stack`) and go on alone after :meth:`split`."""
 
     tensors: State = field(default_factory=dict)
-    frames: int = 0
+
+    @property
+    def frames(self) -> list[int]:
+        """Frames decoded so far, per row."""
+        position = self.tensors.get(POSITION)
+        return [] if position is None else position.tolist()
+
+    @staticmethod
+    def stack(states: list[StreamState]) -> StreamState:
+        """One state of every row of ``states``, in order (each made by :meth:`Decoder.new_state` or
+        carried on from one)."""
+        keys = set(states[0].tensors)
+        if any(set(s.tensors) != keys for s in states) or POSITION not in keys:
+            raise ValueError("only states made by Decoder.new_state (or carried on from one) stack")
+        return StreamState({k: torch.cat([s.tensors[k] for s in states]) for k in keys})
+
+    def split(self) -> list[StreamState]:
+        """One state per row (views of this one's tensors)."""
+        rows = len(self.frames)
+        return [StreamState({k: v[i:i + 1] for k, v in self.tensors.items()}) for i in range(rows)]
 
 
 class Decoder(nn.Module):
@@ -119,20 +142,30 @@ class Decoder(nn.Module):
             if isinstance(module, Streaming):
                 module.key = name
 
+    def new_state(self, batch: int = 1) -> StreamState:
+        """The state of ``batch`` streams before their first frame, on this decoder's device and dtype."""
+        p = next(self.parameters())
+        state = StreamState()
+        for module in self.modules():
+            if isinstance(module, Streaming):
+                state.tensors.update(module.initial(batch, p.device, p.dtype))
+        return state
+
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """The full causal decode: (B, 16, T) codes -> (B, 1, T * samples_per_frame) in [-1, 1]."""
-        return self.stream(codes, StreamState())
+        return self.stream(codes, self.new_state(codes.shape[0]))
 
     def stream(self, codes: torch.Tensor, state: StreamState) -> torch.Tensor:
         """The audio ``codes`` (B, 16, T) add to the streams ``state`` holds (updated in place)."""
         if codes.ndim != 3 or codes.shape[1] != self.cfg.num_quantizers:
             raise ValueError(f"codes must be (batch, {self.cfg.num_quantizers}, frames), not {tuple(codes.shape)}")
         s = state.tensors
+        if POSITION in s and s[POSITION].shape[0] != codes.shape[0]:
+            raise ValueError(f"{codes.shape[0]} rows of codes for a state of {s[POSITION].shape[0]} streams")
         h = self.pre_conv(self.quantizer(codes), s)  # (B, latent, T)
         h = self.pre_transformer(h.transpose(1, 2), s).transpose(1, 2)  # (B, latent, T)
         for transposed, convnext in self.upsample:
             h = convnext(transposed(h, s), s)  # (B, latent, T * 2, then * 4)
         for layer in self.decoder:
             h = layer(h, s) if isinstance(layer, Streaming) else layer(h)
-        state.frames += codes.shape[-1]
         return h.clamp(-1.0, 1.0)  # (B, 1, T * samples_per_frame)

@@ -23,6 +23,10 @@ class Streaming(nn.Module):
 
     key = ""
 
+    def initial(self, batch: int, device: torch.device, dtype: torch.dtype) -> State:
+        """The state of ``batch`` streams before their first frame (what a decode from the start pads with)."""
+        return {}
+
 
 class CausalConv(Streaming):
     """Conv1d with ``dilation * (kernel - 1)`` zeros of left padding, stride 1. (B, Cin, T) -> (B, Cout, T)."""
@@ -31,6 +35,11 @@ class CausalConv(Streaming):
         super().__init__()
         self.conv = nn.Conv1d(channels_in, channels_out, kernel, dilation=dilation, groups=groups)
         self.history = dilation * (kernel - 1)
+
+    def initial(self, batch: int, device: torch.device, dtype: torch.dtype) -> State:
+        if self.history == 0:
+            return {}
+        return {self.key: torch.zeros(batch, self.conv.in_channels, self.history, device=device, dtype=dtype)}
 
     def forward(self, x: torch.Tensor, state: State) -> torch.Tensor:
         if self.history == 0:
@@ -53,6 +62,11 @@ class CausalTransposedConv(Streaming):
             raise ValueError(f"a transposed convolution of kernel {kernel} and stride {stride} is not one this decoder has")
         self.conv = nn.ConvTranspose1d(channels_in, channels_out, kernel, stride=stride)
         self.stride, self.overlap = stride, kernel > stride
+
+    def initial(self, batch: int, device: torch.device, dtype: torch.dtype) -> State:
+        if not self.overlap:
+            return {}
+        return {self.key: torch.zeros(batch, self.conv.in_channels, 1, device=device, dtype=dtype)}
 
     def forward(self, x: torch.Tensor, state: State) -> torch.Tensor:
         if not self.overlap:

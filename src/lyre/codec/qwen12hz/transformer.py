@@ -41,6 +41,11 @@ class Attention(Streaming):
         self.o_proj = nn.Linear(self.heads * self.head_dim, cfg.hidden_size, bias=bias)
         self.kept = cfg.sliding_window - 1  # past frames a new frame can still see
 
+    def initial(self, batch: int, device: torch.device, dtype: torch.dtype) -> State:
+        kv = torch.zeros(batch, self.kv_heads, self.kept, self.head_dim, device=device, dtype=dtype)
+        return {f"{self.key}.k": kv, f"{self.key}.v": kv.clone(),
+                f"{self.key}.valid": torch.zeros(batch, self.kept, dtype=torch.bool, device=device)}
+
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, state: State) -> torch.Tensor:
         b, t, _ = x.shape
         q = rotate(self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2), cos, sin)  # (B, H, T, D)
@@ -105,6 +110,9 @@ class Transformer(Streaming):
         dim = cfg.attention_head_dim
         self.register_buffer("inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim),
                              persistent=False)
+
+    def initial(self, batch: int, device: torch.device, dtype: torch.dtype) -> State:
+        return {f"{self.key}.position": torch.zeros(batch, dtype=torch.long, device=device)}
 
     def forward(self, x: torch.Tensor, state: State) -> torch.Tensor:
         b, t, _ = x.shape
