@@ -4,12 +4,15 @@ that audio again when the same codes arrive in chunks of any size, frame by fram
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
-from lyre.codec.qwen12hz import Decoder, DecoderConfig, StreamState
+from lyre.codec.qwen12hz import Decoder, DecoderConfig, StreamState, load_decoder
+from lyre.errors import CheckpointError
 from tests.support.qwen_reference import tiny_decoder, tiny_decoder_config
 
 FRAMES = 30  # past the tiny decoder's 8-frame attention window several times
@@ -103,3 +106,38 @@ def test_only_states_of_the_same_decoder_shape_stack_and_rows_must_match(decoder
         StreamState.stack([ours.new_state(), StreamState()])
     with pytest.raises(ValueError, match="2 rows of codes for a state of 1 streams"):
         ours.stream(codes(batch=2, frames=1), ours.new_state())
+
+
+def speech_tokenizer_dir(path, reference, **config):
+    """A checkpoint's ``speech_tokenizer/`` as published: config.json, and one safetensors file with
+    the decoder's weights under ``decoder.`` beside the encoder's."""
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_tts_tokenizer_12hz",
+                                                  "decoder_config": tiny_decoder_config(), "encoder_config": {},
+                                                  "decode_upsample_rate": 1920, **config}))
+    weights = {f"decoder.{k}": v.contiguous() for k, v in reference.state_dict().items()}
+    weights["encoder.quantizer.fake.weight"] = torch.zeros(3)  # (the Mimi encoder's: not the decoder's)
+    save_file(weights, str(path / "model.safetensors"))
+    return path
+
+
+def test_the_decoder_loads_from_a_speech_tokenizer_directory(decoders, tmp_path):
+    reference, _ = decoders
+    loaded = load_decoder(speech_tokenizer_dir(tmp_path / "speech_tokenizer", reference))
+    c = codes(seed=3)
+    with torch.no_grad():
+        want = reference(c)
+        assert (loaded.decode(c) - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "mimi"}, "a 'mimi' model, not the 12 Hz speech tokenizer"),
+    ({"decode_upsample_rate": 960}, "decode_upsample_rate is 960, but the decoder's upsampling makes 1920"),
+    ({"decoder_config": {**tiny_decoder_config(), "latent_dim": 48}}, "decoder weights do not fit its config"),
+])
+def test_a_speech_tokenizer_that_does_not_fit_is_refused_naming_why(decoders, tmp_path, change, message):
+    reference, _ = decoders
+    with pytest.raises(CheckpointError, match=message):
+        load_decoder(speech_tokenizer_dir(tmp_path / "speech_tokenizer", reference, **change))
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        load_decoder(tmp_path)

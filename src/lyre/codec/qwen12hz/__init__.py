@@ -15,10 +15,12 @@ causal decode.
 - :mod:`lyre.codec.qwen12hz.config`: the decoder's shape, read from the checkpoint's config;
 - :mod:`lyre.codec.qwen12hz.layers`: the streaming convolutions and activations;
 - :mod:`lyre.codec.qwen12hz.transformer`: the sliding-window transformer with its carried K/V;
-- :mod:`lyre.codec.qwen12hz.decoder`: the decoder, its weights and its stream state.
+- :mod:`lyre.codec.qwen12hz.decoder`: the decoder, its weights and its stream state;
+- :mod:`lyre.codec.qwen12hz.load`: the decoder of a checkpoint's ``speech_tokenizer/``.
 """
 
 from lyre.codec.qwen12hz.config import DecoderConfig
 from lyre.codec.qwen12hz.decoder import Decoder, StreamState
+from lyre.codec.qwen12hz.load import load_decoder
 
-__all__ = ["Decoder", "DecoderConfig", "StreamState"]
+__all__ = ["Decoder", "DecoderConfig", "StreamState", "load_decoder"]
