@@ -5,7 +5,6 @@ encoder that makes a cloned voice's reference codes, are not loaded here)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -13,7 +12,7 @@ import torch
 from lyre.codec.qwen12hz.config import DecoderConfig
 from lyre.codec.qwen12hz.decoder import Decoder
 from lyre.errors import CheckpointError
-from lyre.model.checkpoint import safetensors_files
+from lyre.model.checkpoint import read_config_json, safetensors_files
 
 MODEL_TYPE = "qwen3_tts_tokenizer_12hz"
 PREFIX = "decoder."
@@ -21,12 +20,7 @@ PREFIX = "decoder."
 
 def read_config(tokenizer_dir: str | Path) -> DecoderConfig:
     path = Path(tokenizer_dir) / "config.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{tokenizer_dir} is not a Qwen3-TTS speech tokenizer: {path.name} is missing") from None
-    except ValueError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from None
+    raw = read_config_json(tokenizer_dir, "a Qwen3-TTS speech tokenizer")
     if raw.get("model_type") != MODEL_TYPE:
         raise CheckpointError(f"{path} is a {raw.get('model_type')!r} model, not the 12 Hz speech tokenizer "
                               f"({MODEL_TYPE}) this decoder reads")

@@ -12,6 +12,7 @@ from lyre.model.checkpoint.llama import (
     check_weight_shapes,
     load_llama_weights,
     load_tokenizer,
+    read_config_json,
     read_llama_config,
     safetensors_files,
 )
@@ -20,5 +21,5 @@ from lyre.model.checkpoint.snac import load_snac
 
 __all__ = ["DEMO_BANNER", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
            "LlamaConfig", "ResolvedModel", "check_llama_weights", "check_weight_shapes", "download", "find_cached",
-           "load_llama_weights", "load_snac", "load_tokenizer", "read_llama_config", "resolve_model",
+           "load_llama_weights", "load_snac", "load_tokenizer", "read_config_json", "read_llama_config", "resolve_model",
            "safetensors_files"]

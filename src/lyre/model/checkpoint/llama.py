@@ -89,15 +89,20 @@ class LlamaConfig:
         return shapes
 
 
-def read_llama_config(model_dir: str | Path) -> LlamaConfig:
-    path = Path(model_dir) / "config.json"
+def read_config_json(directory: str | Path, what: str = "a checkpoint directory") -> dict:
+    """``directory``'s config.json; CheckpointError saying it is not ``what`` when it is missing, or
+    not JSON."""
+    path = Path(directory) / "config.json"
     try:
-        raw = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{model_dir} is not a checkpoint directory: {path.name} is missing") from None
+        raise CheckpointError(f"{directory} is not {what}: {path.name} is missing") from None
     except ValueError as e:
         raise CheckpointError(f"{path} is not valid JSON: {e}") from None
-    return LlamaConfig.from_dict(raw, str(path))
+
+
+def read_llama_config(model_dir: str | Path) -> LlamaConfig:
+    return LlamaConfig.from_dict(read_config_json(model_dir), str(Path(model_dir) / "config.json"))
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:

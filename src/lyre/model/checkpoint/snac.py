@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from lyre.errors import CheckpointError
+from lyre.model.checkpoint.llama import read_config_json
 
 
 def load_snac(
@@ -20,12 +20,7 @@ def load_snac(
 
     snac_dir = Path(snac_dir)
     cfg_path = snac_dir / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{snac_dir} is not a SNAC directory: config.json is missing") from None
-    except ValueError as e:
-        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+    cfg = read_config_json(snac_dir, "a SNAC directory")
     try:
         model = SNAC(**cfg)
     except TypeError as e:
