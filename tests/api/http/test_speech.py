@@ -105,7 +105,9 @@ def bitrate_of(data: bytes) -> int:
 @pytest.mark.parametrize("fmt, asked, rate, got", [("mp3", None, None, 64000), ("mp3", 128000, None, 128000),
                                                   ("mp3", 32000, 8000, 32000), ("aac", None, None, 64000)])
 def test_compressed_audio_has_a_voices_bitrate_by_default_and_the_one_asked_for(openai_client, fmt, asked, rate, got):
-    extra = {k: v for k, v in (("bitrate", asked), ("sample_rate", rate)) if v is not None}
+    # seeded: an encoder's average rate over a clip this short follows its content (AAC of unseeded
+    # demo audio measured 62.2k-66.5k against 64k, and once past the 5% a fresh-clone run allows)
+    extra = {"seed": 1, **{k: v for k, v in (("bitrate", asked), ("sample_rate", rate)) if v is not None}}
     data = openai_client.audio.speech.create(model="tts-1", voice="tara", input="Rich enough.", response_format=fmt,
                                              extra_body=extra).content
     assert abs(bitrate_of(data) - got) <= 0.05 * got and abs(decoded_seconds(data) - SECONDS) < 0.08
