@@ -19,22 +19,11 @@ from typing import Any
 from lyre.config import LyreConfig, load_config
 from lyre.engine.backend import Environment, Manifest, probe_environment
 from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
+from lyre.engine.trtllm.engine import load_bindings
 from lyre.gpucheck import prereqs
 from lyre.gpucheck.report import StageFailed
 from lyre.model import demo
-
-
-def load_bindings() -> ModuleType:
-    from tensorrt_llm.bindings import executor
-
-    return executor
-
-
-def load_llmapi() -> SimpleNamespace:
-    from lyre.tools.build import load_llmapi as load
-
-    return load()
-
+from lyre.tools.build import load_llmapi
 
 TIMED_OUT = 124  # run_logged's status for a command stopped at its time limit (as timeout(1) says it)
 

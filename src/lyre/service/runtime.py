@@ -119,7 +119,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     engine: TokenEngine | None = None
     try:
         if choice.name == "trtllm":
-            trtllm_manifest(cfg, env, model)  # a wrong engine is refused before anything loads
+            manifest = trtllm_manifest(cfg, env, model)  # a wrong engine is refused before anything loads
             # the codec first, loaded and warmed up: the executor sizes its KV cache from the GPU
             # memory free when it starts, and would leave the codec none
             memory = GpuMemory.now()
@@ -127,7 +127,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
             split = cpu_split(cfg, codec_device)
             codec, snac = _codec(cfg, model, codec_device, split.codec_threads, settings, shared)
             memory.mark("the codec (loaded and warmed up)")
-            engine, _, description = build_engine(cfg, choice, env, model)
+            engine, _, description = build_engine(cfg, choice, env, model, manifest)
             memory.mark(f"the TensorRT-LLM engine (weights, and a KV cache of at most "
                         f"{getattr(engine.cfg, 'kv_max_tokens', 0) or 'unbounded'} tokens)")
             memory.report()
@@ -186,14 +186,15 @@ def choose_backend(cfg: LyreConfig) -> tuple[BackendChoice, Environment]:
         raise LyreError(str(e)) from None
 
 
-def build_engine(cfg: LyreConfig, choice: BackendChoice, env: Environment,
-                 model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
-    """The token engine, the device it runs on, and how to say it in the log."""
+def build_engine(cfg: LyreConfig, choice: BackendChoice, env: Environment, model: checkpoint.ResolvedModel,
+                 manifest: Manifest | None = None) -> tuple[TokenEngine, str, str]:
+    """The token engine, the device it runs on, and how to say it in the log (``manifest``: the
+    TensorRT-LLM engine's, when already checked)."""
     if choice.name == "trtllm":
         if cfg.model.quantize != "none":
             log.warning("model.quantize %s applies to the PyTorch backend; the TensorRT-LLM engine keeps the "
                         "quantization it was built with", cfg.model.quantize)
-        return _trtllm_engine(cfg, env, model)
+        return _trtllm_engine(cfg, env, model, manifest)
     engine_cfg = TorchEngineConfig.from_config(cfg)
     if engine_cfg.device == "cpu":  # (process-wide: torch has one intra-op thread pool)
         torch.set_num_threads(_engine_threads(cfg))
@@ -219,9 +220,11 @@ def trtllm_manifest(cfg: LyreConfig, env: Environment, model: checkpoint.Resolve
     return manifest
 
 
-def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel) -> tuple[TokenEngine, str, str]:
-    """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine."""
-    manifest = trtllm_manifest(cfg, env, model)
+def _trtllm_engine(cfg: LyreConfig, env: Environment, model: checkpoint.ResolvedModel,
+                   manifest: Manifest | None = None) -> tuple[TokenEngine, str, str]:
+    """The TensorRT-LLM engine of build.engine_dir, after checking its manifest against this machine
+    (unless ``manifest`` is that, checked)."""
+    manifest = manifest or trtllm_manifest(cfg, env, model)
     engine = TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
     return engine, "cuda", (f"trtllm {manifest.quantization} engine {cfg.build.engine_dir} on {manifest.gpu_name} "
                             f"(TensorRT-LLM {manifest.tensorrt_llm_version}; not yet run on a GPU by this project)")

@@ -54,7 +54,7 @@ def trtllm_service(tmp_path, monkeypatch, demo_dir):
         return out
 
     fake = bindings(RecordedExecutor)
-    monkeypatch.setattr(trtllm_engine, "_load_bindings", lambda: fake)
+    monkeypatch.setattr(trtllm_engine, "load_bindings", lambda: fake)
     monkeypatch.setattr(runtime, "probe_environment", lambda: H100)
     monkeypatch.setattr(runtime, "_codec", recorded_codec)
     tts = service(**{"model.backend": "trtllm", "build.engine_dir": str(engine_dir), "codec.device": "cpu"})

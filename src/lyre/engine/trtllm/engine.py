@@ -87,7 +87,8 @@ class _PumpFailure:
     error: BaseException
 
 
-def _load_bindings() -> ModuleType:
+def load_bindings() -> ModuleType:
+    """``tensorrt_llm.bindings.executor`` (imported only here: the library is optional)."""
     from tensorrt_llm.bindings import executor
 
     return executor
@@ -98,7 +99,7 @@ class TrtllmEngine:
 
     def __init__(self, config: TrtllmEngineConfig, bindings: ModuleType | None = None):
         self.cfg = config
-        self.tle = bindings if bindings is not None else _load_bindings()
+        self.tle = bindings if bindings is not None else load_bindings()
         self.capacity = config.max_batch_size
         self.post_processor = LogitsPostProcessor()
         tle = self.tle
