@@ -23,7 +23,7 @@ import torch
 # the real checkpoints' control ids (config.json; the classes' defaults are outside the vocabulary)
 CODEC_IDS = {"codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154,
              "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157}
-LANGUAGES = {"english": 2050, "german": 2053, "chinese": 2055}
+LANGUAGES = {"english": 2050, "german": 2053, "chinese": 2055, "sichuan_dialect": 2062}
 SPEAKERS = {"vivian": 3065, "ryan": 3061, "eric": 2875}  # eric: a dialect speaker
 DIALECT = {"vivian": False, "ryan": False, "eric": "sichuan_dialect"}
 TEXT_VOCAB = 151936

@@ -76,6 +76,11 @@ class GenerationRequest:
     prefix_key: str | None = None
     prefix_len: int = 0
 
+    @property
+    def prompt_len(self) -> int:
+        """Prompt positions: one per id (a family whose prompt is rows says how many rows)."""
+        return len(self.prompt_ids)
+
 
 @dataclass
 class TokenDelta:

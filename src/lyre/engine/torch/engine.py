@@ -97,6 +97,8 @@ class TorchEngineConfig:
 
 
 class TorchEngine:
+    PROMPT_UNIT = "tokens"  # what a prompt position is, in error messages
+
     def __init__(self, model: Llama, config: TorchEngineConfig):
         self.model = model
         self.cfg = config
@@ -133,26 +135,34 @@ class TorchEngine:
         """Put ``request`` into the lowest free slot (its prefill starts at the next step) and return
         True; return False, keeping nothing, when every slot is held. Raises ValueError for a
         request that can never run (bad ids, prompt too long, duplicate id, bad sampling values)."""
-        check_prompt(request, self.model.cfg.vocab_size, self.slots.by_id)
-        ids = request.prompt_ids
-        if len(ids) >= self.cfg.max_seq_len:
+        self._check(request)
+        if request.prompt_len >= self.cfg.max_seq_len:
             raise ValueError(
-                f"the prompt has {len(ids)} tokens; a slot holds {self.cfg.max_seq_len} (kv_cache.max_seq_len), "
-                f"leaving no room to generate"
+                f"the prompt has {request.prompt_len} {self.PROMPT_UNIT}; a slot holds {self.cfg.max_seq_len} "
+                f"(kv_cache.max_seq_len), leaving no room to generate"
             )
         request.sampling.validate()
         if not self.slots.free:
             return False
         seed = request.sampling.seed
         generator = torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63))
-        seq = Sequence(request=request, order=next(self._order), generator=generator)
+        seq = self._sequence(request, generator)
         self.slots.admit(seq)
-        if ids[-1] == orpheus.START_OF_SPEECH:
-            seq.audio_k = 0
         self._reuse_prefix(seq)
-        self.prompt_tokens += len(ids)
+        self.prompt_tokens += request.prompt_len
         self.total_requests += 1
         return True
+
+    def _check(self, request: GenerationRequest) -> None:
+        """ValueError naming what makes ``request``'s prompt unrunnable."""
+        check_prompt(request, self.model.cfg.vocab_size, self.slots.by_id)
+
+    def _sequence(self, request: GenerationRequest, generator: torch.Generator) -> Sequence:
+        """The engine's state of a request being admitted."""
+        seq = Sequence(request=request, order=next(self._order), generator=generator)
+        if request.prompt_ids[-1] == orpheus.START_OF_SPEECH:
+            seq.audio_k = 0
+        return seq
 
     def _reuse_prefix(self, seq: Sequence) -> None:
         """A kept prefix's K/V into ``seq``'s slot: its prefill starts after the prefix."""
@@ -322,14 +332,19 @@ class TorchEngine:
                 reason = "stop"
             elif s.num_generated >= p.max_tokens or s.num_cached >= self.cfg.max_seq_len:
                 reason = "length"
-            delta = TokenDelta(s.request.request_id, [tok])
-            if lg is not None:
-                delta.logits, delta.logits_ids = lg[None], ids[None]
-            if reason is not None:
-                self.slots.release(s)
-                delta.finished, delta.finish_reason = True, reason
-            deltas.append(delta)
+            deltas.append(self._delta(s, [tok], reason, lg, ids))
         return deltas
+
+    def _delta(self, s: Sequence, tokens: list[int], reason: str | None, logits: torch.Tensor | None,
+               logit_ids: torch.Tensor | None) -> TokenDelta:
+        """A sampling row's delta; with a finish ``reason`` its slot is freed."""
+        delta = TokenDelta(s.request.request_id, tokens)
+        if logits is not None:
+            delta.logits, delta.logits_ids = logits[None], logit_ids[None]
+        if reason is not None:
+            self.slots.release(s)
+            delta.finished, delta.finish_reason = True, reason
+        return delta
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> TokenDelta:
         self.slots.release(seq)

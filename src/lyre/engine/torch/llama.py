@@ -59,7 +59,7 @@ class Llama(nn.Module):
 
     def forward(self, batch: ForwardBatch, cache: KVCache) -> torch.Tensor:
         """Hidden states of ``batch.sample_index`` tokens after the final norm: (N, hidden)."""
-        x = self.embed(batch.token_ids)  # (T, H)
+        x = self.embed(batch.token_ids) if batch.embeds is None else batch.embeds  # (T, H)
         cos = self.rope_cos[batch.positions].unsqueeze(1)  # (T, 1, hd)
         sin = self.rope_sin[batch.positions].unsqueeze(1)
         with sdpa_kernel(SDPA_BACKENDS):  # (not cuDNN's: see SDPA_BACKENDS)
@@ -82,33 +82,52 @@ class Llama(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: LlamaConfig):
+    """Pre-norm attention and MLP blocks; ``attention`` (default: the slot cache's :class:`Attention`)
+    is called with the normed input and whatever the layer is called with after ``x``."""
+
+    def __init__(self, cfg: LlamaConfig, attention: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = attention if attention is not None else Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, batch, cache, layer)
+    def forward(self, x: torch.Tensor, *attention_args) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), *attention_args)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Attention(nn.Module):
-    """Grouped-query attention; K/V go to the slot cache, queries attend to their slot's history."""
+class QKProjection(nn.Module):
+    """q, k and v of each token from one fused projection, q and k normed per head (Qwen3's
+    ``qk_norm``) and rotated by position."""
 
     def __init__(self, cfg: LlamaConfig):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, (self.n_heads + 2 * self.n_kv) * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., H) -> q (..., nh, hd), k and v (..., nkv, hd); cos/sin broadcast to (..., 1, hd)."""
+        qkv = self.qkv_proj(x).view(*x.shape[:-1], self.n_heads + 2 * self.n_kv, self.head_dim)
+        q, k, v = qkv.split([self.n_heads, self.n_kv, self.n_kv], dim=-2)
+        if self.q_norm is None:
+            q, k = apply_rope(qkv[..., : self.n_heads + self.n_kv, :], cos, sin).split([self.n_heads, self.n_kv], dim=-2)
+        else:
+            q, k = apply_rope(self.q_norm(q), cos, sin), apply_rope(self.k_norm(k), cos, sin)
+        return q, k, v
+
+
+class Attention(QKProjection):
+    """Grouped-query attention; K/V go to the slot cache, queries attend to their slot's history."""
 
     def forward(self, x, cos, sin, batch: ForwardBatch, cache: KVCache, layer: int) -> torch.Tensor:
         t = x.shape[0]
-        qkv = self.qkv_proj(x).view(t, self.n_heads + 2 * self.n_kv, self.head_dim)  # (T, nh+2nkv, hd)
-        qk = apply_rope(qkv[:, : self.n_heads + self.n_kv], cos, sin)  # q and k heads rotated together
-        q, k = qk.split([self.n_heads, self.n_kv], dim=1)  # (T, nh, hd), (T, nkv, hd)
-        cache.write(layer, batch.slots, batch.positions, k, qkv[:, self.n_heads + self.n_kv :])
+        q, k, v = self.qkv(x, cos, sin)  # (T, nh, hd), (T, nkv, hd), (T, nkv, hd)
+        cache.write(layer, batch.slots, batch.positions, k, v)
         out = torch.empty_like(q)  # (T, nh, hd)
         for g in batch.groups:
             b, q_max = g.q_index.shape
@@ -249,6 +268,7 @@ class ForwardBatch:
     slots: torch.Tensor  # (T,)
     groups: list[AttentionGroup]
     sample_index: torch.Tensor  # (N,) flat indices of the tokens whose next token is sampled
+    embeds: torch.Tensor | None = None  # (T, H) the input rows themselves (a model that reads no ids)
 
     @classmethod
     def build(
@@ -341,20 +361,28 @@ def load_llama(
     else:
         state["embed_tokens.weight"] = weights["model.embed_tokens.weight"]
         state["lm_head_t"] = weights["lm_head.weight"].T
-    for i in range(cfg.num_hidden_layers):
-        p = f"model.layers.{i}."
-        q = f"layers.{i}."
-        state[q + "input_layernorm.weight"] = weights[p + "input_layernorm.weight"]
-        state[q + "post_attention_layernorm.weight"] = weights[p + "post_attention_layernorm.weight"]
-        state[q + "self_attn.qkv_proj.weight"] = torch.cat(
-            [weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"], dim=0
-        )
-        state[q + "self_attn.o_proj.weight"] = weights[p + "self_attn.o_proj.weight"]
-        state[q + "mlp.gate_up_proj.weight"] = torch.cat(
-            [weights[p + "mlp.gate_proj.weight"], weights[p + "mlp.up_proj.weight"]], dim=0
-        )
-        state[q + "mlp.down_proj.weight"] = weights[p + "mlp.down_proj.weight"]
+    state.update(layer_state(weights, cfg, "model.layers.", "layers."))
     model.load_state_dict(state, strict=True)  # copies, casting to the model's dtype
     cos, sin = rope_tables(cfg, max_seq_len)  # float32 always; buffers do not survive to_empty
     model.rope_cos, model.rope_sin = cos.to(device), sin.to(device)
     return model.eval().requires_grad_(False)
+
+
+def layer_state(weights: dict[str, torch.Tensor], cfg: LlamaConfig, source: str, target: str
+                ) -> dict[str, torch.Tensor]:
+    """The decoder layers' Hugging Face-named weights under ``source`` (``model.layers.``) as this
+    module's state under ``target``: q/k/v and gate/up fused, Qwen3's q/k norms when configured."""
+    state = {}
+    for i in range(cfg.num_hidden_layers):
+        p, q = f"{source}{i}.", f"{target}{i}."
+        state[q + "input_layernorm.weight"] = weights[p + "input_layernorm.weight"]
+        state[q + "post_attention_layernorm.weight"] = weights[p + "post_attention_layernorm.weight"]
+        state[q + "self_attn.qkv_proj.weight"] = torch.cat([weights[p + f"self_attn.{n}_proj.weight"] for n in "qkv"])
+        state[q + "self_attn.o_proj.weight"] = weights[p + "self_attn.o_proj.weight"]
+        if cfg.qk_norm:
+            state[q + "self_attn.q_norm.weight"] = weights[p + "self_attn.q_norm.weight"]
+            state[q + "self_attn.k_norm.weight"] = weights[p + "self_attn.k_norm.weight"]
+        state[q + "mlp.gate_up_proj.weight"] = torch.cat([weights[p + "mlp.gate_proj.weight"],
+                                                          weights[p + "mlp.up_proj.weight"]])
+        state[q + "mlp.down_proj.weight"] = weights[p + "mlp.down_proj.weight"]
+    return state

@@ -36,7 +36,7 @@ class Sequence:
 
     @property
     def prompt_len(self) -> int:
-        return len(self.request.prompt_ids)
+        return self.request.prompt_len
 
     @property
     def prefilling(self) -> bool:

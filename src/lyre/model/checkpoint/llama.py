@@ -32,6 +32,7 @@ class LlamaConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     torch_dtype: str
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each query and key head before RoPE
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config.json") -> LlamaConfig:

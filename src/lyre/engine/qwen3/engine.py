@@ -1,0 +1,133 @@
+"""Qwen3-TTS on the PyTorch engine's static KV slots (issue 31).
+
+:class:`QwenEngine` is a :class:`~lyre.engine.torch.engine.TorchEngine` whose model reads input
+rows instead of ids: the slot pool, scheduling (decode order, prefill budget), prefill chunking,
+fault isolation and cancellation are the token engine's. What differs:
+
+- admission embeds the request's prompt rows and trailing text rows once, on the device;
+- a decode step's input row is the slot's last frame (its 16 codebooks' embeddings summed) plus
+  its text track: the next trailing text row, then tts_pad (each slot keeps its own cursor);
+- a sampling row makes a whole frame (:class:`~lyre.engine.qwen3.sampler.FrameSampler`:
+  codebook 0, then the code predictor batched across every row of the step), delivered as one
+  delta of 16 codes; end of speech (``stop``) delivers none; ``max_tokens`` counts frames.
+
+Positions count per slot from 0 (the reference's three equal M-RoPE rows are plain RoPE).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lyre.engine.base import GenerationRequest, SamplingParams, TokenDelta
+from lyre.engine.qwen3.model import Talker, load_qwen3tts
+from lyre.engine.qwen3.request import FrameRequest, FrameSequence
+from lyre.engine.qwen3.sampler import Frame, FrameSampler
+from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
+from lyre.engine.torch.llama import ForwardBatch
+from lyre.engine.torch.sequence import Sequence
+from lyre.engine.torch.transfer import upload
+from lyre.model import checkpoint
+from lyre.model.qwen3tts import read_qwen3tts_config
+
+
+class QwenEngine(TorchEngine):
+    PROMPT_UNIT = "rows"
+
+    def __init__(self, talker: Talker, config: TorchEngineConfig):
+        super().__init__(talker.decoder, config)
+        self.talker = talker
+        self.sampler = FrameSampler(talker, config.slots, self.device, config.dtype)
+        with torch.inference_mode():
+            self.pad_row = talker.text_rows(upload([talker.cfg.text.tts_pad], self.device))[0]  # (H,)
+
+    @classmethod
+    def from_checkpoint(cls, model_dir: str | Path, config: TorchEngineConfig) -> QwenEngine:
+        cfg = read_qwen3tts_config(model_dir)
+        weights = {}
+        from safetensors.torch import load_file
+
+        for f in checkpoint.safetensors_files(model_dir):
+            weights.update(load_file(str(f)))
+        device = torch.device(config.device)
+        return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config)
+
+    # --- the contract ---------------------------------------------------------------------------
+
+    def _sequence(self, request: FrameRequest, generator: torch.Generator) -> FrameSequence:
+        """The request's state, its prompt rows and trailing text rows embedded once, on the device."""
+        seq = FrameSequence(request=request, order=next(self._order), generator=generator)
+        with torch.inference_mode():
+            seq.rows = self.talker.prompt_rows(request.prompt, self.device)  # (L, H)
+            trailing = list(request.prompt.trailing)
+            seq.trailing = self.talker.text_rows(upload(trailing, self.device)) if trailing else None  # (n, H)
+        return seq
+
+    def _check(self, request: GenerationRequest) -> None:
+        """ValueError for a request that can never run: not a frame request, a duplicate id, an empty
+        prompt, ids outside the vocabularies, bad code-predictor sampling."""
+        if not isinstance(request, FrameRequest):
+            raise ValueError("a Qwen3-TTS engine runs frame requests (a prompt of rows), not token prompts")
+        if request.request_id in self.slots.by_id:
+            raise ValueError(f"request id {request.request_id!r} is already in the engine")
+        cfg = self.talker.cfg
+        if not request.prompt.rows:
+            raise ValueError("the prompt is empty")
+        for text, codec in request.prompt.rows:
+            if text is None and codec is None:
+                raise ValueError("a prompt row has neither a text id nor a codec id")
+            if text is not None and not 0 <= text < cfg.text_vocab_size:
+                raise ValueError(f"text id {text} is outside the text vocabulary (0..{cfg.text_vocab_size - 1})")
+            if codec is not None and not 0 <= codec < cfg.talker.vocab_size:
+                raise ValueError(f"codec id {codec} is outside the codec vocabulary (0..{cfg.talker.vocab_size - 1})")
+        bad = next((t for t in request.prompt.trailing if not 0 <= t < cfg.text_vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"trailing text id {bad} is outside the text vocabulary (0..{cfg.text_vocab_size - 1})")
+        code = request.code_sampling
+        try:  # (the limits of the config's sampling section)
+            SamplingParams(temperature=code.temperature, top_k=code.top_k, top_p=code.top_p).validate()
+        except ValueError as e:
+            raise ValueError(f"code predictor sampling: {e}") from None
+
+    # --- run ------------------------------------------------------------------------------------
+
+    def _build(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]
+               ) -> tuple[ForwardBatch, list[Sequence]]:
+        """The step's input rows: a decode row per decoding slot (its last frame + its text track),
+        then each prompt chunk's rows; ids are placeholders (the model reads the rows)."""
+        seqs, rows = [], []
+        for s in decode:
+            seqs.append((s.slot, s.num_cached, [0], True))
+            rows.append((s.frame_row + s.text_row(self.pad_row))[None])  # (1, H)
+        samplers = list(decode)
+        for s, n in prefill:
+            done = s.num_cached + n == s.prompt_len
+            seqs.append((s.slot, s.num_cached, [0] * n, done))
+            rows.append(s.rows[s.num_cached : s.num_cached + n])  # (n, H)
+            if done:
+                samplers.append(s)
+        batch = ForwardBatch.build(seqs, self.device)
+        batch.embeds = torch.cat(rows)  # (T, H)
+        for s in decode:
+            s.num_cached += 1
+        for s, n in prefill:
+            s.num_cached += n
+        return batch, samplers
+
+    # --- postprocess ----------------------------------------------------------------------------
+
+    def _postprocess(self, seqs: list[FrameSequence], frames: list[Frame | None], logits, logit_ids
+                     ) -> list[TokenDelta]:
+        deltas = []
+        for s, frame, lg, ids in zip(seqs, frames, logits, logit_ids, strict=True):
+            self.total_tokens += 1
+            if frame is None:
+                reason, codes = "stop", []
+            else:
+                s.frame_done(frame.codes[0], frame.row)
+                codes = frame.codes
+                full = s.num_generated >= s.params.max_tokens or s.num_cached >= self.cfg.max_seq_len
+                reason = "length" if full else None
+            deltas.append(self._delta(s, codes, reason, lg, ids))
+        return deltas

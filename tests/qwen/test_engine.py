@@ -1,0 +1,145 @@
+"""Lyre's Qwen3-TTS engine (``lyre.engine.qwen3``) against QwenLM's reference implementation, on
+tiny random checkpoints written by the reference itself (``save_pretrained``: the real file layout
+and weight names): the same frames, code for code, greedy at both levels, in both text modes,
+for a batch of texts of different lengths run together; the same penalty and end-of-speech rule;
+seeded sampling that does not depend on the batch; bad requests refused without holding a slot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lyre.engine.base import GenerationRequest
+from lyre.engine.qwen3.engine import QwenEngine
+from lyre.engine.qwen3.request import CodeSampling, FrameRequest, talker_sampling
+from lyre.engine.torch.engine import TorchEngineConfig
+from lyre.model.qwen3tts import TalkerPrompt, build_prompt
+from tests.support.qwen_reference import target_ids, tiny_model
+
+TEXTS = ([1000 + i for i in range(7)], [2000 + i for i in range(12)], [3000, 3001, 3002])
+FRAMES = 12
+
+
+@pytest.fixture(scope="module")
+def reference():
+    model = tiny_model("custom_voice", seed=1)
+    with torch.no_grad():  # the text's rows large enough that another text is other audio at once
+        model.talker.model.text_embedding.weight.mul_(50)
+    return model
+
+
+@pytest.fixture(scope="module")
+def engine(reference, tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3-tts")
+    reference.save_pretrained(path)
+    return QwenEngine.from_checkpoint(path, TorchEngineConfig(slots=4, max_batch_size=4, max_seq_len=256))
+
+
+def reference_frames(model, texts, speaker="vivian", language="english", non_streaming=False, frames=FRAMES,
+                     penalty=1.0) -> list[torch.Tensor]:
+    """The reference's greedy frames for each text, run as one left-padded batch."""
+    codes, _ = model.generate(input_ids=[target_ids(t) for t in texts], languages=[language] * len(texts),
+                              speakers=[speaker] * len(texts), non_streaming_mode=non_streaming,
+                              max_new_tokens=frames + 1, do_sample=False, subtalker_dosample=False,
+                              repetition_penalty=penalty)
+    return codes
+
+
+def greedy(engine, name, text, speaker="vivian", language="english", non_streaming=False, frames=FRAMES,
+           penalty=1.0) -> FrameRequest:
+    prompt = build_prompt(engine.talker.cfg, text, speaker=speaker, language=language, non_streaming=non_streaming)
+    sampling = talker_sampling(engine.talker.cfg, temperature=0, repetition_penalty=penalty, max_tokens=frames)
+    return FrameRequest(name, [], sampling=sampling, prompt=prompt, code_sampling=CodeSampling(temperature=0))
+
+
+def run(engine, requests) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Every request to its end: its frames (n, 16) and its finish reason."""
+    for r in requests:
+        assert engine.add(r)
+    codes: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    reasons = {}
+    while engine.has_work():
+        for delta in engine.step():
+            codes[delta.request_id] += delta.token_ids
+            if delta.finished:
+                reasons[delta.request_id] = delta.finish_reason
+    return {k: torch.tensor(v, dtype=torch.long).view(-1, 16) for k, v in codes.items()}, reasons
+
+
+@pytest.mark.parametrize("non_streaming", [False, True], ids=["streaming-text", "whole-text"])
+@pytest.mark.parametrize(("speaker", "language"), [("vivian", "english"), ("eric", "auto")],
+                         ids=["speaker+language", "dialect-speaker+auto"])
+def test_greedy_frames_are_the_references_code_for_code(reference, engine, non_streaming, speaker, language):
+    want = reference_frames(reference, TEXTS, speaker, language, non_streaming)
+    got, reasons = run(engine, [greedy(engine, f"r{i}", t, speaker, language, non_streaming)
+                                for i, t in enumerate(TEXTS)])
+    for i in range(len(TEXTS)):
+        assert got[f"r{i}"].shape == (FRAMES, 16) and reasons[f"r{i}"] == "length"
+        assert torch.equal(got[f"r{i}"], want[i]), f"text {i}"
+    assert not torch.equal(want[0], want[1])  # (the texts lead to different audio)
+
+
+def test_the_repetition_penalty_is_the_references(reference, engine):
+    plain, penalised = (reference_frames(reference, TEXTS[:1], penalty=p, frames=60)[0] for p in (1.0, 1.5))
+    assert not torch.equal(plain, penalised)  # (it changes this model's frames: a code 0 comes back within 60)
+    got, _ = run(engine, [greedy(engine, "p", TEXTS[0], penalty=1.5, frames=60)])
+    assert torch.equal(got["p"], penalised)
+
+
+def test_end_of_speech_stops_a_request_after_the_second_frame_as_in_the_reference(reference, tmp_path):
+    # every row's text track carries a large constant (the projection's bias), and end of speech's
+    # codec_head row points along it: end of speech is the most likely id at every step
+    with torch.no_grad():
+        bias = reference.talker.text_projection.linear_fc2.bias
+        saved = bias.clone(), reference.talker.codec_head.weight.clone()
+        try:
+            bias.zero_()[0] = 1000.0
+            reference.talker.codec_head.weight[2150].zero_()[0] = 10.0
+            want = reference_frames(reference, TEXTS[:1])[0]
+            reference.save_pretrained(tmp_path)
+        finally:
+            bias.copy_(saved[0])
+            reference.talker.codec_head.weight.copy_(saved[1])
+    engine = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=64))
+    got, reasons = run(engine, [greedy(engine, "s", TEXTS[0])])
+    assert want.shape == (2, 16)  # held back for two frames (min_new_tokens), then stopped
+    assert torch.equal(got["s"], want) and reasons["s"] == "stop"
+    assert engine.slots.free == 2
+
+
+def test_a_seeded_request_makes_the_same_frames_alone_and_beside_others(engine):
+    def sampled(name, text, seed):
+        prompt = build_prompt(engine.talker.cfg, text, speaker="ryan", language="english")
+        return FrameRequest(name, [], sampling=talker_sampling(engine.talker.cfg, seed=seed, max_tokens=8),
+                            prompt=prompt)
+
+    alone, _ = run(engine, [sampled("a", TEXTS[0], 7)])
+    beside, _ = run(engine, [sampled("x", TEXTS[1], 1), sampled("a", TEXTS[0], 7), sampled("y", TEXTS[2], 2)])
+    again, _ = run(engine, [sampled("a", TEXTS[0], 8)])
+    assert torch.equal(alone["a"], beside["a"])
+    assert not torch.equal(alone["a"], again["a"])  # (another seed: other frames)
+    assert ((0 <= alone["a"]) & (alone["a"] < 2048)).all()
+
+
+def test_requests_that_can_never_run_are_refused_and_hold_no_slot(engine):
+    cfg = engine.talker.cfg
+    good = build_prompt(cfg, TEXTS[0], speaker="vivian", language="english")
+    bad = {
+        "an Orpheus request": GenerationRequest("o", [1, 2, 3]),
+        "an empty prompt": FrameRequest("e", [], prompt=TalkerPrompt((), ())),
+        "a text id outside the vocabulary": FrameRequest("t", [], prompt=TalkerPrompt(((10**6, None),), ())),
+        "a codec id outside the vocabulary": FrameRequest("c", [], prompt=TalkerPrompt(((None, 3072),), ())),
+        "a row with nothing in it": FrameRequest("n", [], prompt=TalkerPrompt(((None, None),), ())),
+        "a bad trailing id": FrameRequest("b", [], prompt=TalkerPrompt(good.rows, (-1,))),
+        "bad sampling": FrameRequest("s", [], prompt=good, sampling=talker_sampling(cfg, top_p=0.0)),
+        "bad code sampling": FrameRequest("k", [], prompt=good, code_sampling=CodeSampling(temperature=0.001)),
+        "a prompt longer than a slot": FrameRequest("l", [], prompt=TalkerPrompt(good.rows * 30, ())),
+    }
+    for what, request in bad.items():
+        with pytest.raises(ValueError):
+            engine.add(request)
+        assert engine.slots.free == engine.capacity, what
+    for what, kwargs in {"an unknown speaker": {"speaker": "nobody"}, "an unknown language": {"language": "klingon"},
+                         "": {}}.items():
+        with pytest.raises(ValueError, match="speaker|language|empty"):
+            build_prompt(cfg, [] if not what else TEXTS[0], **kwargs)
