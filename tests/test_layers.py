@@ -23,7 +23,7 @@ LAYERS = {
     "model": 1,
     "config": 2,
     "engine": 3, "codec": 3, "audio": 3, "storage": 3,
-    "trust": 4,
+    "trust": 4, "family": 4,  # model families: what differs between them, below the family-agnostic core
     "core": 5,
     "service": 6,
     "api": 7,

@@ -115,7 +115,7 @@ class TransformersBaseline(TTSService):
         or watermark, as the servers it stands for; it paces nothing, so ``tempo`` means nothing to it.)"""
         segments, params = self._prepare(text, self._voice(voice, account), sampling)
         self.total_sessions += 1
-        return _BaselineStream(self, [s.prompt_ids for s in segments], params.__dict__)
+        return _BaselineStream(self, [s.prompt for s in segments], params.__dict__)
 
     def generate(self, prompts: list[list[int]], p: dict[str, Any]) -> tuple[np.ndarray, int]:
         """Whole-utterance generation and decode (runs in a worker thread, one at a time)."""

@@ -48,12 +48,13 @@ class CodecCounters:
 
     frames_decoded: int = 0  # frames' worth of decoder input, padding and provisional decodes included
     samples_emitted: int = 0
+    samples_per_frame: int = F
     calls: int = 0  # batched decoder calls
     decode_s: float = 0.0  # wall time spent decoding
 
     @property
     def frames_emitted(self) -> float:
-        return self.samples_emitted / F
+        return self.samples_emitted / self.samples_per_frame
 
     def snapshot(self, mode: str, runtime: str, open_states: int, state_bytes_per_stream: int | None = None,
                  lag_samples: int | None = None) -> CodecStats:

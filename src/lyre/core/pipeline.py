@@ -33,11 +33,10 @@ import numpy as np
 from lyre.codec.base import StreamSettings
 from lyre.core.fair import by_account
 from lyre.core.session import ACTIVE, ChunkEvent, Segment, Session
-from lyre.model import orpheus
+from lyre.family import ORPHEUS, Family
+from lyre.family.base import SAMPLE_RATE
 
 log = logging.getLogger("lyre.pipeline")
-
-FRAME_S = orpheus.SAMPLES_PER_FRAME / orpheus.SAMPLE_RATE
 
 
 @dataclass
@@ -53,8 +52,12 @@ Job = tuple[Session, Segment, Any]
 
 class AudioPipeline:
     def __init__(self, codec: Any, settings: StreamSettings, max_round_s: float = 0.05, metrics: Any = None,
-                 overlap: bool = False, first_chunk: str = "bridge", max_round_frames: int | None = None):
+                 overlap: bool = False, first_chunk: str = "bridge", max_round_frames: int | None = None,
+                 family: Family = ORPHEUS):
         self.codec = codec
+        self.frame_samples, self.ids_per_frame = family.samples_per_frame, family.ids_per_frame
+        self.ids_per_step = family.ids_per_step
+        self.frame_s = family.samples_per_frame / SAMPLE_RATE  # audio seconds per frame
         self.first_chunk = first_chunk
         self.settings = settings
         self.max_round_s = max_round_s
@@ -81,7 +84,7 @@ class AudioPipeline:
         """The chunk size for ``s``: the smallest while its listener holds little audio, doubling up to
         ``max_chunk_frames`` while a chunk is at most half of what it holds."""
         c, limit = self.settings.every_flush_frames, self.settings.max_chunk_frames
-        held = s.slack(now) * s.tempo / FRAME_S  # frames the listener holds
+        held = s.slack(now) * s.tempo / self.frame_s  # frames the listener holds
         while c * 2 <= limit and c * 2 <= held / 2:
             c *= 2
         return c
@@ -92,7 +95,7 @@ class AudioPipeline:
         if s.current >= len(s.segments) or s.segments[s.current].decoder is None:
             return False
         stream = s.segments[s.current].decoder
-        waiting = stream.frames_received - stream.emitted / orpheus.SAMPLES_PER_FRAME
+        waiting = stream.frames_received - stream.emitted / self.frame_samples
         return waiting > 2 * self.settings.max_chunk_frames + 3
 
     def needs_audio(self, s: Session, stream: Any, now: float, sharing: int = 1) -> bool:
@@ -115,20 +118,19 @@ class AudioPipeline:
         if slack == float("-inf"):
             if self.first_chunk == "eager" or frame_s is None or stream.frames_received >= self.settings.warmup_frames:
                 return True
-            first = stream.frames_received * orpheus.SAMPLES_PER_FRAME - self.settings.holdback
+            first = stream.frames_received * self.frame_samples - self.settings.holdback
             wait = (stream.frames_to_exact(first) + 1) * frame_s + self.round_s
-            return first / orpheus.SAMPLE_RATE / s.tempo >= wait  # (played tempo times faster)
+            return first / SAMPLE_RATE / s.tempo >= wait  # (played tempo times faster)
         if frame_s is None or slack < frame_s + self.round_s:
             return True
         last_chance = stream.frames_received >= self.settings.warmup_frames
         return last_chance and slack < (stream.frames_to_exact() + 1) * frame_s + self.round_s
 
-    @staticmethod
-    def _frame_s(s: Session) -> float | None:
-        """Seconds per frame at the session's pace of generation so far; None before two tokens."""
-        if s.tokens < 2:
+    def _frame_s(self, s: Session) -> float | None:
+        """Seconds per frame at the session's pace of generation so far; None before two steps' ids."""
+        if s.tokens < 2 * self.ids_per_step:
             return None
-        return orpheus.FRAME_TOKENS * (s.last_token_at - s.first_token_at) / (s.tokens - 1)
+        return self.ids_per_frame * (s.last_token_at - s.first_token_at) / (s.tokens - self.ids_per_step)
 
     # --- the round ------------------------------------------------------------------------------
 
@@ -264,7 +266,7 @@ class AudioPipeline:
         s.chunks += 1
         s.late_chunks += late
         if self.metrics is not None:
-            self.metrics.audio_seconds.inc(len(pcm) / orpheus.SAMPLE_RATE)
+            self.metrics.audio_seconds.inc(len(pcm) / SAMPLE_RATE)
             if late:
                 self.metrics.late_chunks.inc()
         s.deliver(ev)

@@ -36,7 +36,8 @@ from lyre.core.pipeline import AudioPipeline
 from lyre.core.policy import POLICIES, Policy
 from lyre.core.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
 from lyre.core.stats import AccountLoad, KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
-from lyre.engine.base import GenerationRequest, TokenDelta, TokenEngine
+from lyre.engine.base import TokenDelta, TokenEngine
+from lyre.family import ORPHEUS, Family
 
 log = logging.getLogger("lyre.scheduler")
 
@@ -53,8 +54,10 @@ class Scheduler:
         gate: AdmissionGate,
         clock: Callable[[], float] = time.monotonic,
         metrics: Any = None,
+        family: Family = ORPHEUS,
     ):
         self.cfg = cfg
+        self.family = family
         self.engine = engine
         self.audio = audio
         self.gate = gate
@@ -248,8 +251,8 @@ class Scheduler:
         # continuations first (no gap mid-stream), then sessions still waiting for their first audio
         priority = 2 if k > 0 else 1 if s.first_audio_at is None else 0
         try:
-            if not self.engine.add(GenerationRequest(rid, seg.prompt_ids, s.sampling, priority=priority,
-                                                     prefix_key=seg.prefix_key, prefix_len=seg.prefix_len)):
+            if not self.engine.add(self.family.request(rid, seg.prompt, s.sampling, priority, seg.prefix_key,
+                                                       seg.prefix_len)):
                 return False
         except ValueError as e:  # the service validates first; this is the last line of defence
             self._end(s, FAILED, f"request refused by the engine: {e}", self.clock())
@@ -259,6 +262,7 @@ class Scheduler:
             self._end(s, FAILED, f"the engine could not take the request: {type(e).__name__}: {e}", self.clock())
             return False
         seg.submitted = True
+        seg.parser = self.family.new_parser()
         self.audio.open(seg)
         self._by_request[rid] = (s, k)
         return True
@@ -330,7 +334,7 @@ class Scheduler:
         metrics = SessionMetrics(
             ttfb_ms=None if s.first_audio_at is None else 1000 * (s.first_audio_at - s.created),
             tokens=s.tokens,
-            prompt_tokens=sum(len(seg.prompt_ids) for seg in s.segments),
+            prompt_tokens=sum(len(seg.prompt) for seg in s.segments),
             audio_seconds=s.audio_seconds,
             elapsed_s=duration,
             real_time_factor=(duration / s.audio_seconds) if s.audio_seconds else None,

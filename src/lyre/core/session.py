@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from lyre.core.stats import SessionMetrics
 from lyre.engine.base import SamplingParams
-from lyre.model import orpheus
+from lyre.family.base import SAMPLE_RATE, FrameParser
 
 log = logging.getLogger("lyre.scheduler")
 
@@ -57,11 +57,11 @@ class DoneEvent:
 
 @dataclass
 class Segment:
-    prompt_ids: list[int]
+    prompt: Any  # the model family's prompt: token ids (Orpheus), rows (Qwen3-TTS); len() = its positions
     text: str = ""  # what it says (for timestamps)
     prefix_key: str | None = None  # a cloned voice's reference turn: the first prefix_len ids, kept by the engine
     prefix_len: int = 0
-    parser: orpheus.AudioTokenParser = field(default_factory=orpheus.AudioTokenParser)
+    parser: FrameParser | None = None  # the family's, from its engine's ids to frames (made when submitted)
     decoder: Any = None  # the codec's stream for this segment (lyre.codec.stream / window), once submitted
     submitted: bool = False
     done_generating: bool = False
@@ -107,11 +107,11 @@ class Session:
 
     @property
     def audio_seconds(self) -> float:
-        return self.audio_samples / orpheus.SAMPLE_RATE
+        return self.audio_samples / SAMPLE_RATE
 
     @property
     def unread_seconds(self) -> float:
-        return (self.audio_samples - self.consumed_samples) / orpheus.SAMPLE_RATE
+        return (self.audio_samples - self.consumed_samples) / SAMPLE_RATE
 
     def deliver(self, ev: ChunkEvent | DoneEvent) -> bool:
         """Hand ``ev`` to the consumer. A sink that raises (e.g. its event loop has closed) is this
@@ -174,7 +174,7 @@ class Session:
 
     def behind_s(self) -> float:
         """Seconds the client's reads are behind its listener's clock (negative: it has read ahead)."""
-        return self.played_s - self.consumed_samples / orpheus.SAMPLE_RATE
+        return self.played_s - self.consumed_samples / SAMPLE_RATE
 
     def last_progress(self) -> float:
         """When it last made progress: created, a token generated, or audio read by its client."""

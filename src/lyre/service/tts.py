@@ -331,7 +331,7 @@ class TTSService:
             raise  # (ControlTokenInText: text that spells a control token)
         except ValueError as e:
             raise InvalidRequest(str(e)) from None
-        longest = max(len(s.prompt_ids) for s in segments)
+        longest = max(len(s.prompt) for s in segments)
         room = cfg.kv_cache.max_seq_len - longest
         if room < 1:
             raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")

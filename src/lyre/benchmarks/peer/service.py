@@ -195,7 +195,7 @@ class LlamaCppBaseline(TTSService):
         params = PeerSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                               repetition_penalty=p.repetition_penalty, max_tokens=p.max_tokens, seed=seed,
                               constrain_audio=p.constrain_audio)
-        return _PeerStream(self, [s.prompt_ids for s in segments], params)
+        return _PeerStream(self, [s.prompt for s in segments], params)
 
     def stats(self) -> StatsSnapshot:
         llama, gen = self.generation.llama, self.generation

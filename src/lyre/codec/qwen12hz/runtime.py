@@ -1,0 +1,159 @@
+"""The 12 Hz decoder in the codec runtime: one :class:`TwelveHzStream` per generated segment, the
+:class:`TwelveHzCodec` running every stream that flushes in a round, streams with the same chunk
+length stacked into one call.
+
+The decoder has no lookahead, so every frame's audio is exact as soon as the frame is decoded:
+no provisional audio, no padding at the end, no crossfade. The first chunk is due when the
+listener needs audio (at the earliest after ``first_flush_frames``), later ones when
+``chunk_frames`` frames wait or the listener would run dry, and the last when the segment ends:
+the audio is frames x 1920 samples, each frame decoded once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from lyre.codec.base import CodecCounters, CodecStats, StreamSettings, decode_isolated
+from lyre.codec.qwen12hz.decoder import Decoder, StreamState
+from lyre.cpu import LEDGER
+
+
+@dataclass
+class TwelveHzJob:
+    stream: TwelveHzStream
+    frames: np.ndarray  # (c, 16) the frames to decode, codebook 0 first
+    finishing: bool = False  # the stream's last frames
+
+    @property
+    def cost(self) -> int:
+        return len(self.frames)
+
+
+@dataclass
+class TwelveHzResult:
+    audio: np.ndarray  # (c * 1920,) float32
+    state: StreamState
+
+
+@dataclass(eq=False)
+class TwelveHzStream:
+    codec: TwelveHzCodec
+    settings: StreamSettings
+    emitted: int = 0  # samples
+    finished: bool = False
+    closed: bool = False
+    state: StreamState | None = None  # None: before its first frame
+    fed: int = 0  # frames decoded
+    _pending: list = field(default_factory=list)
+
+    @property
+    def frames_received(self) -> int:
+        return self.fed + len(self._pending)
+
+    @property
+    def all_out(self) -> bool:
+        return self.emitted == self.frames_received * self.codec.samples_per_frame
+
+    def push(self, frames: list[tuple[int, ...]]) -> None:
+        self._pending.extend(frames)
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.state = None
+            self._pending.clear()
+            self.codec.live.discard(self)
+
+    def frames_to_exact(self, emitted: int | None = None) -> int:
+        """Frames still to come before exact audio can extend what was emitted: none lag behind."""
+        emitted = self.emitted if emitted is None else emitted
+        return max(0, emitted // self.codec.samples_per_frame + 1 - self.frames_received)
+
+    def plan(self, chunk_frames: int, need_audio: bool = False) -> TwelveHzJob | None:
+        """The job due now (nothing changes until :meth:`complete`), or None."""
+        pending = len(self._pending)
+        if self.closed or pending == 0:
+            return None
+        c = min(pending, self.settings.max_chunk_frames)
+        if self.finished:
+            return TwelveHzJob(self, _frames(self._pending[:c]), finishing=c == pending)
+        if self.emitted == 0:  # the first chunk is the caller's call
+            ready = need_audio and self.frames_received >= self.settings.first_flush_frames
+            return TwelveHzJob(self, _frames(self._pending[:c])) if ready else None
+        if need_audio or pending >= chunk_frames:
+            return TwelveHzJob(self, _frames(self._pending[:c]))
+        return None
+
+    def complete(self, job: TwelveHzJob, result: TwelveHzResult) -> np.ndarray:
+        """Take the job's audio and state; return the samples to emit."""
+        del self._pending[: len(job.frames)]
+        self.fed += len(job.frames)
+        self.state = result.state
+        self.emitted += len(result.audio)
+        self.codec.counters.samples_emitted += len(result.audio)
+        if job.finishing:
+            self.close()
+        return result.audio
+
+
+def _frames(frames: list) -> np.ndarray:
+    return np.asarray(frames, dtype=np.int64).reshape(len(frames), -1)
+
+
+class TwelveHzCodec:
+    """Runs :class:`TwelveHzJob` s on the torch decoder; jobs of the same length share a call."""
+
+    mode = "stream"
+    runtime = "torch"
+    parallel = 1
+
+    def __init__(self, decoder: Decoder):
+        self.decoder = decoder
+        self.samples_per_frame = decoder.cfg.samples_per_frame
+        self.counters = CodecCounters(samples_per_frame=self.samples_per_frame)
+        self.live: set[TwelveHzStream] = set()
+        self.state_bytes = sum(t.numel() * t.element_size() for t in decoder.new_state(1).tensors.values())
+
+    def new_stream(self, settings: StreamSettings) -> TwelveHzStream:
+        stream = TwelveHzStream(self, settings)
+        self.live.add(stream)
+        return stream
+
+    def stats(self) -> CodecStats:
+        return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live),
+                                      state_bytes_per_stream=self.state_bytes, lag_samples=0)
+
+    def decode(self, jobs: list[TwelveHzJob]) -> list[TwelveHzResult | Exception]:
+        """Each job's audio and the stream's new state, in order; a job whose decode fails gets its
+        exception (a failed call is retried job by job: the others are unaffected)."""
+        groups: dict[int, list[int]] = {}
+        for i, job in enumerate(jobs):
+            groups.setdefault(len(job.frames), []).append(i)
+        out: list[TwelveHzResult | Exception | None] = [None] * len(jobs)
+        for idx in groups.values():
+            with LEDGER.measure("codec"):
+                results = decode_isolated([jobs[i] for i in idx], self._call)
+            self.counters.calls += 1
+            self.counters.frames_decoded += sum(len(jobs[i].frames) for i in idx)
+            for i, result in zip(idx, results, strict=True):
+                out[i] = result
+        return out  # type: ignore[return-value]
+
+    @torch.inference_mode()
+    def _call(self, group: list[TwelveHzJob]) -> list[TwelveHzResult]:
+        p = next(self.decoder.parameters())
+        state = StreamState.stack([j.stream.state or self.decoder.new_state(1) for j in group])
+        codes = torch.from_numpy(np.stack([j.frames for j in group])).transpose(1, 2).to(p.device)  # (B, 16, c)
+        audio = self.decoder.stream(codes, state)[:, 0].float().cpu().numpy()  # (B, c * 1920)
+        # (copies of the state rows: a view would keep the whole batch's tensors alive)
+        states = [StreamState({k: v.clone() for k, v in row.tensors.items()}) for row in state.split()]
+        return [TwelveHzResult(a, s) for a, s in zip(audio, states, strict=True)]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,89 @@
+"""The 12 Hz decoder in the codec runtime (``lyre.codec.qwen12hz.runtime``): several streams whose
+frames arrive in random pieces, planned with random chunk sizes and random listener needs, decoded
+together in shared calls, each give exactly the full causal decode of their frames, every frame
+decoded once; a stream whose decode fails fails alone."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from lyre.codec.base import StreamSettings
+from lyre.codec.qwen12hz import Decoder, DecoderConfig
+from lyre.codec.qwen12hz.runtime import TwelveHzCodec
+from tests.support.qwen_reference import tiny_decoder, tiny_decoder_config
+
+SETTINGS = StreamSettings(first_flush_frames=1, every_flush_frames=2, max_chunk_frames=4)
+
+
+@pytest.fixture(scope="module")
+def decoder() -> Decoder:
+    ours = Decoder(DecoderConfig.from_dict(tiny_decoder_config())).eval()
+    ours.load_state_dict(tiny_decoder(seed=5).state_dict())
+    return ours
+
+
+def frames(n: int, seed: int) -> list[tuple[int, ...]]:
+    g = np.random.default_rng(seed)
+    return [tuple(int(x) for x in row) for row in g.integers(0, 64, (n, 16))]
+
+
+def run(codec: TwelveHzCodec, streams: dict[str, list[tuple[int, ...]]], seed: int) -> dict[str, np.ndarray]:
+    """Every stream to its end, the frames arriving in random pieces between rounds."""
+    rng = random.Random(seed)
+    open_ = {name: codec.new_stream(SETTINGS) for name in streams}
+    given = dict.fromkeys(streams, 0)
+    audio: dict[str, list[np.ndarray]] = {name: [] for name in streams}
+    while any(not s.closed for s in open_.values()):
+        for name, stream in open_.items():
+            if given[name] < len(streams[name]):
+                k = rng.randint(0, 3)
+                stream.push(streams[name][given[name] : given[name] + k])
+                given[name] += k
+                if given[name] >= len(streams[name]):
+                    stream.finish()
+        jobs = [j for s in open_.values() if (j := s.plan(rng.randint(1, 4), rng.random() < 0.5)) is not None]
+        for job, result in zip(jobs, codec.decode(jobs), strict=True):
+            audio[next(n for n, s in open_.items() if s is job.stream)].append(job.stream.complete(job, result))
+    return {name: np.concatenate(parts) for name, parts in audio.items()}
+
+
+def test_streams_decoded_in_random_pieces_together_are_each_the_full_decode(decoder):
+    codec = TwelveHzCodec(decoder)
+    streams = {f"s{i}": frames(n, seed=i) for i, n in enumerate((23, 9, 31))}
+    got = run(codec, streams, seed=1)
+    worst = 0.0
+    for name, fs in streams.items():
+        with torch.no_grad():
+            want = decoder.decode(torch.tensor(fs).T[None])[0, 0].numpy()
+        assert got[name].shape == want.shape == (len(fs) * 1920,)
+        worst = max(worst, float(np.abs(got[name] - want).max()))
+    assert worst <= 1e-5, worst
+    assert codec.counters.frames_decoded == sum(map(len, streams.values()))  # each frame once
+    assert codec.counters.calls < codec.counters.frames_decoded  # (streams shared calls)
+    assert not codec.live and codec.stats().open_states == 0
+
+
+def test_the_first_chunk_waits_for_the_listener_then_comes_at_once(decoder):
+    codec = TwelveHzCodec(decoder)
+    stream = codec.new_stream(SETTINGS)
+    stream.push(frames(1, seed=3))
+    assert stream.plan(2, need_audio=False) is None  # nobody waits for audio yet
+    job = stream.plan(2, need_audio=True)
+    assert job is not None and job.cost == 1  # first audio after the first frame
+    pcm = stream.complete(job, codec.decode([job])[0])
+    assert len(pcm) == 1920 and stream.all_out and stream.frames_to_exact() == 1
+
+
+def test_a_stream_whose_decode_fails_fails_alone(decoder):
+    codec = TwelveHzCodec(decoder)
+    good, bad = codec.new_stream(SETTINGS), codec.new_stream(SETTINGS)
+    good.push(frames(2, seed=4))
+    bad.push([(10**6,) * 16, (0,) * 16])  # a code outside the codebook
+    jobs = [good.plan(2, True), bad.plan(2, True)]
+    results = codec.decode(jobs)
+    assert isinstance(results[1], Exception) and not isinstance(results[0], Exception)
+    assert len(good.complete(jobs[0], results[0])) == 2 * 1920
