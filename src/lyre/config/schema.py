@@ -51,6 +51,7 @@ class ModelConfig(Section):
     revision: str = "main"
     demo_dir: str = "models/demo"  # the demo checkpoint (random weights, noise audio)
     allow_demo: bool = True  # false: refuse to start on the demo checkpoint
+    family: choice("auto", "orpheus", "qwen3-tts") = "auto"  # auto: the checkpoint's config.json says
     backend: choice("auto", "torch", "trtllm") = "auto"  # auto: trtllm when built + importable + GPU, else torch
     device: Device = "auto"
     dtype: DType = "auto"

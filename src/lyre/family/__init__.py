@@ -7,11 +7,11 @@ admission, the APIs, accounts, audit, watermark, metrics and benchmark never ask
 - :mod:`lyre.family.qwen3tts`: Qwen3-TTS 12 Hz (a talker and code predictor emitting 16 codes per
   1920-sample frame).
 
-:func:`family_of` reads a checkpoint's family from its ``config.json`` (``model_type``), never from
-its name.
+:func:`lyre.model.checkpoint.checkpoint_family` reads a checkpoint's family from its
+``config.json`` (``model_type``), never from its name.
 """
 
-from lyre.family.base import Family, FrameParser, family_of
+from lyre.family.base import Family, FrameParser
 from lyre.family.orpheus import ORPHEUS
 
-__all__ = ["ORPHEUS", "Family", "FrameParser", "family_of"]
+__all__ = ["ORPHEUS", "Family", "FrameParser"]

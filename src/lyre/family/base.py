@@ -10,12 +10,10 @@ engine's request from it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, Protocol
 
+from lyre.config import SamplingConfig
 from lyre.engine.base import GenerationRequest, SamplingParams
-from lyre.errors import CheckpointError
-from lyre.model.checkpoint import read_config_json
 
 SAMPLE_RATE = 24000  # every family's audio (Orpheus's SNAC and Qwen3-TTS's 12 Hz codec alike)
 
@@ -41,14 +39,11 @@ class Family(Protocol):
         """The engine's request for a segment's ``prompt``."""
         ...
 
+    def sampling(self, config: SamplingConfig, given: dict[str, Any]) -> SamplingParams:
+        """A request's sampling: the family's defaults (or the config's) with ``given`` overrides."""
+        ...
 
-FAMILIES = {"llama": "orpheus", "qwen3_tts": "qwen3-tts"}  # config.json model_type -> family
-
-
-def family_of(model_dir: str | Path) -> str:
-    """The family of the checkpoint in ``model_dir``, read from its config.json's ``model_type``."""
-    model_type = read_config_json(model_dir).get("model_type")
-    if model_type not in FAMILIES:
-        raise CheckpointError(f"{Path(model_dir) / 'config.json'}: model_type {model_type!r} is not a family Lyre "
-                              f"serves ({', '.join(f'{v} ({k})' for k, v in FAMILIES.items())})")
-    return FAMILIES[model_type]
+    def prompt(self, tokenizer: Any, text: str, voice: str | None, language: str | None = None,
+               instructions: str | None = None) -> Any:
+        """A segment's prompt; ValueError naming what this family cannot honour."""
+        ...

@@ -4,9 +4,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from lyre.config import SamplingConfig
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.model import orpheus
+
+LANGUAGES = ("auto", "english", "en")  # Orpheus speaks English
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,18 @@ class OrpheusFamily:
                 prefix_key: str | None = None, prefix_len: int = 0) -> GenerationRequest:
         return GenerationRequest(request_id, prompt, sampling, priority=priority, prefix_key=prefix_key,
                                  prefix_len=prefix_len)
+
+    def sampling(self, config: SamplingConfig, given: dict[str, Any]) -> SamplingParams:
+        """The config's ``sampling`` section with the request's overrides."""
+        return SamplingParams.from_config(config, **given)
+
+    def prompt(self, tokenizer: Any, text: str, voice: str | None, language: str | None = None,
+               instructions: str | None = None) -> list[int]:
+        """The prompt ids that speak ``text`` in built-in ``voice`` (None: after a cloned voice's
+        reference turn). ``instructions`` are accepted and ignored (Orpheus takes no style prompt)."""
+        if language is not None and language.lower() not in LANGUAGES:
+            raise ValueError(f"'language' = {language!r}: Orpheus speaks English (auto, english)")
+        return orpheus.build_prompt_ids(tokenizer, text, voice)
 
 
 ORPHEUS = OrpheusFamily()

@@ -16,6 +16,8 @@ import hashlib
 import json
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -347,22 +349,30 @@ def write_demo(out_dir: Path, seed: int = 0, shape: str | Path = "tiny") -> Path
     """Write the demo checkpoint to ``out_dir`` (``llama/`` and ``snac/``) in ``shape``
     (:func:`demo_config`), replacing it atomically."""
     config = demo_config(shape)
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".lyre-demo-", dir=out_dir.parent))
-    try:
+    with replaced_directory(out_dir) as tmp:
         write_llama_checkpoint(tmp / "llama", config, seed, tokenizer=build_demo_tokenizer())
         (tmp / "llama" / "README.md").write_text(_DEMO_README)
         write_snac_checkpoint(tmp / "snac", seed)
         marker = {"format": DEMO_FORMAT, "seed": seed, "shape": shape_name(shape), "files": _digest(tmp)}
         _write_json(tmp / MARKER, marker)
+    return Path(out_dir)
+
+
+@contextmanager
+def replaced_directory(out_dir: str | Path) -> Iterator[Path]:
+    """A fresh directory beside ``out_dir`` to write into; when the block ends without an error it
+    replaces ``out_dir`` whole (a reader never sees half a checkpoint), else it is removed."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        yield tmp
         if out_dir.exists():
             shutil.rmtree(out_dir)
         tmp.rename(out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return out_dir
 
 
 def demo_is_current(out_dir: Path, seed: int = 0, shape: str | Path = "tiny") -> bool:

@@ -29,6 +29,7 @@ from lyre.config import SamplingConfig
 from lyre.config.validation import limits_of, request_error
 
 MAX_NAME_CHARS = 128  # voices, formats, context ids, model names
+VOICE_OPTIONS = ("language", "instructions")  # how the voice speaks (the model family decides what it honours)
 
 
 def _valid_unicode(value: str) -> str:
@@ -85,12 +86,19 @@ class SamplingOptions(_Options):
         """The sampling overrides given (for ``TTSService.stream(..., **overrides)``)."""
         return {name: getattr(self, name) for name in SamplingOptions.model_fields if getattr(self, name) is not None}
 
+    def options(self) -> dict[str, Any]:
+        """:meth:`sampling`, and how the voice speaks (``language``, ``instructions``) where given."""
+        voice = {n: getattr(self, n) for n in VOICE_OPTIONS if getattr(self, n, None) is not None}
+        return {**self.sampling(), **voice}
+
 
 class SynthesisRequest(SamplingOptions):
     """``TTSService.stream(text, voice, **sampling)``."""
 
     text: Text
     voice: Name | None = None
+    language: Name | None = None  # the language spoken (a Qwen3-TTS checkpoint's names; default auto)
+    instructions: Text | None = None  # a voice description (Qwen3-TTS VoiceDesign and 1.7B CustomVoice)
 
 
 def _voice_ref(value: Any) -> Any:
@@ -133,7 +141,11 @@ class SpeechBody(SamplingOptions):
     speed: float | None = Field(None, ge=0.25, le=4.0, description="tempo without a change of pitch")
     stream_format: Literal["audio", "sse"] | None = Field(None, description="audio (default) or sse: "
                                                           "speech.audio.delta events, then speech.audio.done")
-    instructions: Text | None = Field(None, description="accepted and ignored: Orpheus takes no style prompt")
+    instructions: Text | None = Field(None, description="a voice description: Qwen3-TTS VoiceDesign and 1.7B "
+                                      "CustomVoice read it, other Qwen3-TTS models refuse it (400); Orpheus takes "
+                                      "no style prompt and ignores it")
+    language: Name | None = Field(None, description="the language spoken: auto (default) or a language the model "
+                                  "names (Qwen3-TTS: english, chinese, ...); Orpheus speaks English")
     timestamps: Timestamps | None = Field(None, description="with stream_format sse: a speech.audio.timestamps "
                                           "event after each text piece's audio: pieces (its span), words (and its "
                                           "estimated words), chars (and its characters' estimated times)")

@@ -57,7 +57,9 @@ from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.engine.trtllm.config import TrtllmEngineConfig
 from lyre.engine.trtllm.engine import TrtllmEngine
 from lyre.errors import LyreError
+from lyre.family import Family
 from lyre.model import checkpoint, orpheus
+from lyre.service import families
 from lyre.service.gpu_memory import GpuMemory
 from lyre.service.voices import Voices
 from lyre.storage.db import database_url, open_database
@@ -93,6 +95,8 @@ class Runtime:
     tokenizer: Any
     scheduler: Scheduler
     loop: EngineLoop  # started: the engine thread runs
+    family: Family
+    config: LyreConfig  # the config as served: a Qwen3-TTS checkpoint's speakers are its built-in voices
 
 
 @dataclass(frozen=True)
@@ -114,11 +118,18 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     audit = AuditTrail(database, cfg.audit, spool=Path(cfg.data_dir) / "audit-spool.jsonl",
                        instance=instance_name(cfg.data_dir))
     model = checkpoint.resolve_model(cfg.model, cfg.codec)
-    tokenizer = shared.get(("tokenizer", model.llama_dir), lambda: checkpoint.load_tokenizer(model.llama_dir))
+    family, tokenizer, cfg = families.load_family(cfg, model, shared)
+    voices.config = cfg  # (the built-in voices as served)
+    choice = families.family_backend(cfg, family, choice)
     settings = stream_settings(cfg)
     engine: TokenEngine | None = None
     try:
-        if choice.name == "trtllm":
+        if family.name == "qwen3-tts":
+            engine, engine_device, description = families.qwen_engine(cfg, model)
+            split = cpu_split(cfg, _codec_device(cfg, engine_device))
+            codec = families.qwen_codec(cfg, model, _codec_device(cfg, engine_device), shared)
+            snac = None  # (no voice cloning on this family yet)
+        elif choice.name == "trtllm":
             manifest = trtllm_manifest(cfg, env, model)  # a wrong engine is refused before anything loads
             # the codec first, loaded and warmed up: the executor sizes its KV cache from the GPU
             # memory free when it starts, and would leave the codec none
@@ -138,8 +149,8 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
             codec, snac = _codec(cfg, model, codec_device, split.codec_threads, settings, shared)
         voices.attach(snac, tokenizer, model.snac_dir, model.source, reference_room(cfg, choice))
         audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, metrics, split.overlap,
-                              cfg.scheduler.first_chunk)
-        scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics)
+                              cfg.scheduler.first_chunk, family=family)
+        scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics, family=family)
         loop = EngineLoop(scheduler)
         loop.start()
     except BaseException:
@@ -148,7 +159,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
         raise
     log.info("engine: %s; %s; model %s%s", description, choice.reason, model.source,
              " — DEMO, audio is noise" if model.is_demo else "")
-    return Runtime(choice, database, audit, model, tokenizer, scheduler, loop)
+    return Runtime(choice, database, audit, model, tokenizer, scheduler, loop, family, cfg)
 
 
 def _codec(cfg: LyreConfig, model: checkpoint.ResolvedModel, device: str, threads: int, settings: StreamSettings,

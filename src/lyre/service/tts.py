@@ -41,6 +41,7 @@ from lyre.errors import (
     TextTooLong,
     UnknownVoice,
 )
+from lyre.family import ORPHEUS, Family
 from lyre.model import checkpoint, orpheus
 from lyre.service import runtime, upkeep
 from lyre.service.consents import Consents
@@ -76,6 +77,7 @@ class TTSService:
         self.model: checkpoint.ResolvedModel | None = None
         self.tokenizer: Any = None
         self.backend: Any = None  # BackendChoice once loaded
+        self.family: Family = ORPHEUS  # the checkpoint's model family, once loaded
         self.voices = Voices(config)  # cloned voices (the registry opens with the service)
         self.consents = Consents(self.voices)  # consent recordings (OpenAI's voice consents)
         self._sweeper: asyncio.Task | None = None
@@ -103,6 +105,7 @@ class TTSService:
     async def __aenter__(self) -> TTSService:
         rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices, self.shared)
         self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
+        self.config, self.family = rt.config, rt.family  # (a Qwen3-TTS checkpoint's speakers are its voices)
         self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
         self.voices.on_delete.append(self._forget_voice)
         loop = asyncio.get_running_loop()
@@ -269,7 +272,11 @@ class TTSService:
                                                    **sampling),
                          self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit,
                          charge=lambda n: self.charge(account, n),
-                         control=lambda text: orpheus.control_token(self.tokenizer, text))
+                         control=self._control_token)
+
+    def _control_token(self, text: str) -> Any:
+        """Text an utterance holds back that the tokenizer would read as a control token (Orpheus)."""
+        return orpheus.control_token(self.tokenizer, text) if self.family.name == "orpheus" else None
 
     def charge(self, account: str, chars: int) -> None:
         """Count ``chars`` characters of text against ``account``'s ``chars_per_minute``; raises
@@ -304,7 +311,7 @@ class TTSService:
         given = request.sampling()
         if "max_tokens" in given and "min_tokens" not in given:
             given["min_tokens"] = min(self.config.sampling.min_tokens, given["max_tokens"])
-        params = SamplingParams.from_config(self.config.sampling, **given)
+        params = self.family.sampling(self.config.sampling, given)
         params.validate()
         return params
 
@@ -321,12 +328,13 @@ class TTSService:
             )
         pieces = split_text(request.text, MAX_SEGMENT_CHARS)
         key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
+        options = dict(language=request.language, instructions=request.instructions)
         try:
             if reference:  # a cloned voice: its reference turn, then the text (no voice name)
-                segments = [Segment(reference + orpheus.build_prompt_ids(self.tokenizer, p), text=p, prefix_key=key,
-                                    prefix_len=len(reference)) for p in pieces]
+                segments = [Segment(reference + self.family.prompt(self.tokenizer, p, None, **options), text=p,
+                                    prefix_key=key, prefix_len=len(reference)) for p in pieces]
             else:
-                segments = [Segment(orpheus.build_prompt_ids(self.tokenizer, p, voice), text=p) for p in pieces]
+                segments = [Segment(self.family.prompt(self.tokenizer, p, voice, **options), text=p) for p in pieces]
         except InvalidRequest:
             raise  # (ControlTokenInText: text that spells a control token)
         except ValueError as e:
@@ -335,7 +343,10 @@ class TTSService:
         room = cfg.kv_cache.max_seq_len - longest
         if room < 1:
             raise InvalidRequest(f"a segment's prompt has {longest} tokens; kv_cache.max_seq_len is {cfg.kv_cache.max_seq_len}")
-        if params.max_tokens > room:  # never capped silently by the engine
+        # (a Qwen3-TTS segment's frames are capped by its text: that cap, where lower, is what must fit)
+        needed = max(min(params.max_tokens, getattr(s.prompt, "max_frames", None) or params.max_tokens)
+                     for s in segments)
+        if needed > room:  # never capped silently by the engine
             raise OutOfRange(f"'max_tokens' = {params.max_tokens} is out of range: with this prompt ({longest} tokens) "
                              f"a slot of kv_cache.max_seq_len {cfg.kv_cache.max_seq_len} tokens holds at most {room}")
         return segments, params

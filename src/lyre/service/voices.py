@@ -86,9 +86,9 @@ class Voices:
         """At service start (blocking): what enrollment encodes with and prompts are built with;
         ``max_reference_tokens``: the longest reference turn that leaves room for a segment's text
         and ``sampling.max_tokens`` in a slot (and fits the engine's prompt limit)."""
-        self._snac, self._tokenizer = snac, tokenizer
+        self._snac, self._tokenizer = snac, tokenizer  # snac None: this model family clones no voice (yet)
         self.max_reference_tokens = max_reference_tokens
-        self._device = next(snac.parameters()).device
+        self._device = next(snac.parameters()).device if snac is not None else None
         self.codec_id, self.model_id = weights_id(snac_dir), model_id
 
     def _registry(self) -> VoiceRegistry:
@@ -107,6 +107,9 @@ class Voices:
         recording the voice is created with (:meth:`lyre.service.consents.Consents.enroll`), named
         in its record; UnknownConsent once it is gone."""
         registry = self._registry()
+        if self._snac is None:
+            raise InvalidRequest("voice cloning is not available for this model (Qwen3-TTS: not yet); its built-in "
+                                 "voices are listed by GET /v1/voices")
         record = check_consent(consent)
         name = check_name(name)
         transcript = self._check_transcript(transcript)

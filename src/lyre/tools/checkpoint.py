@@ -25,6 +25,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
                         "token on a CPU, in proportion), or a config.json whose shape it takes; serve it with "
                         "--set model.path=DIR/llama")
     p_demo.add_argument("--force", action="store_true", help="rewrite even when an up-to-date demo is there")
+    p_demo.add_argument("--family", choices=("orpheus", "qwen3-tts"), default="orpheus",
+                        help="orpheus (default: DIR gets llama/ and snac/) or qwen3-tts (DIR is a Qwen3-TTS "
+                        "CustomVoice checkpoint at a tiny size, speech_tokenizer/ inside; --shape does not apply); "
+                        "serve it with --set model.path=DIR")
 
     p_dl = sub.add_parser("download", help="download the configured model and codec into the Hugging Face cache")
     add_config_arguments(p_dl)
@@ -37,6 +41,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
+        if args.command == "demo" and args.family == "qwen3-tts":
+            from lyre.family.qwen3tts import demo as qwen_demo
+
+            if args.force or not qwen_demo.demo_is_current(args.dir, args.seed):
+                qwen_demo.write_demo(args.dir, args.seed)
+                print(f"wrote the Qwen3-TTS demo checkpoint to {args.dir} (random weights: its audio is noise); "
+                      f"serve it with --set model.path={args.dir}")
+            else:
+                print(f"the Qwen3-TTS demo checkpoint at {args.dir} is up to date")
+            return 0
         if args.command == "demo":
             try:
                 demo.demo_config(args.shape)

@@ -196,6 +196,8 @@ BAD_REQUESTS = [
     ({"input": "hi", "seed": "abc"}, 400, "invalid_request"),
     ({"input": "hi", "stream_format": "chunks"}, 422, "out_of_range"),
     ({"input": "hi <|eot_id|> there"}, 400, "control_token"),
+    ({"input": "hi", "language": "german"}, 400, "invalid_request"),  # Orpheus speaks English
+    ({"input": "hi", "language": 3}, 400, "invalid_request"),
     ({"input": "x" * 300_000}, 413, "request_too_large"),
     # hostile values: none may reach the engine (a 500 before)
     (b'{"input": "hi", "max_tokens": 1' + b"0" * 400 + b"}", 422, "out_of_range"),

@@ -1,5 +1,5 @@
 """``POST /v1/audio/speech``: OpenAI's speech endpoint (``model``, ``input`` or ``text``, ``voice``,
-``response_format``, ``speed``, ``stream_format`` audio|sse, ``instructions`` accepted and ignored;
+``response_format``, ``speed``, ``stream_format`` audio|sse, ``instructions`` and ``language`` (as the model family takes them);
 with sse, ``timestamps``: a ``speech.audio.timestamps`` event after each text piece's audio)
 plus ``sample_rate``, ``mulaw``/``alaw`` and sampling overrides (:class:`lyre.service.options.SpeechBody`).
 Audio streams from the first chunk, except FLAC, which is sent whole so that its header holds its
@@ -42,7 +42,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     check_bitrate(fmt, check_format(fmt, body.sample_rate), body.bitrate)  # refused before admission
     account = request[ACCOUNT]
     voice = await service.voices.resolve(body.voice, account)
-    stream = service.speak(text, voice, account=account, protocol="rest", tempo=body.speed or 1.0, **body.sampling())
+    stream = service.speak(text, voice, account=account, protocol="rest", tempo=body.speed or 1.0, **body.options())
     log.debug("speech: %s, %s", describe_text(text), fmt)
     with request.app[INFLIGHT].request():
         if fmt == "flac" and body.stream_format != "sse":

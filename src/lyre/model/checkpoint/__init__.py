@@ -16,10 +16,16 @@ from lyre.model.checkpoint.llama import (
     read_llama_config,
     safetensors_files,
 )
-from lyre.model.checkpoint.resolve import DEMO_BANNER, ResolvedModel, resolve_model
+from lyre.model.checkpoint.resolve import (
+    DEMO_BANNER,
+    FAMILIES,
+    ResolvedModel,
+    checkpoint_family,
+    resolve_model,
+)
 from lyre.model.checkpoint.snac import load_snac
 
-__all__ = ["DEMO_BANNER", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
+__all__ = ["DEMO_BANNER", "FAMILIES", "checkpoint_family", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
            "LlamaConfig", "ResolvedModel", "check_llama_weights", "check_weight_shapes", "download", "find_cached",
            "load_llama_weights", "load_snac", "load_tokenizer", "read_config_json", "read_llama_config", "resolve_model",
            "safetensors_files"]

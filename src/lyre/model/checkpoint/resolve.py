@@ -3,6 +3,7 @@ Hugging Face cache, else the demo checkpoint (random weights: its audio is noise
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Protocol
 from lyre.errors import CheckpointError
 from lyre.model import demo
 from lyre.model.checkpoint.hub import find_cached
+from lyre.model.checkpoint.llama import read_config_json
 
 log = logging.getLogger("lyre.checkpoint")
 
@@ -35,10 +37,33 @@ class CodecSource(Protocol):
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    llama_dir: Path
-    snac_dir: Path
+    llama_dir: Path  # the model's directory (Orpheus's Llama; a Qwen3-TTS checkpoint)
+    snac_dir: Path  # the codec's (SNAC; a Qwen3-TTS checkpoint's speech_tokenizer/)
     is_demo: bool
     source: str  # how the Llama was found, for logs
+    family: str = "orpheus"  # orpheus | qwen3-tts (the checkpoint's config.json says)
+
+
+FAMILIES = {"llama": "orpheus", "qwen3_tts": "qwen3-tts"}  # config.json model_type -> model family
+QWEN_DEMO_FAMILY = "qwen3-tts"  # (a demo marker naming a family: lyre checkpoint demo --family)
+
+
+def checkpoint_family(model_dir: str | Path) -> str:
+    """The model family of the checkpoint in ``model_dir``, read from its config.json's
+    ``model_type`` (never guessed from a name); CheckpointError for another model type."""
+    path = Path(model_dir) / "config.json"
+    model_type = read_config_json(model_dir).get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{path}: model_type {model_type!r} is not a model family Lyre serves ("
+                              + ", ".join(f"{v}: {k!r}" for k, v in FAMILIES.items()) + ")")
+    return FAMILIES[model_type]
+
+
+def _is_family_demo(model_dir: Path) -> bool:
+    try:
+        return json.loads((model_dir / demo.MARKER).read_text()).get("family") == QWEN_DEMO_FAMILY
+    except (OSError, ValueError):
+        return False
 
 
 DEMO_BANNER = """
@@ -77,10 +102,21 @@ def resolve_model(
         llama_dir, is_demo, source = demo_dir / "llama", True, f"demo checkpoint {demo_dir}"
         log.warning(DEMO_BANNER.format(path=demo_dir, hf_id=model.hf_id))
 
+    family = checkpoint_family(llama_dir)
+    wanted = getattr(model, "family", "auto")
+    if wanted not in ("auto", family):
+        raise CheckpointError(f"model.family is {wanted}, but the checkpoint at {llama_dir} is {family} (its "
+                              f"config.json's model_type): set model.family to auto or {family}, or model.path to a "
+                              f"{wanted} checkpoint")
+    if family == QWEN_DEMO_FAMILY and _is_family_demo(llama_dir):
+        is_demo, source = True, f"Qwen3-TTS demo checkpoint {llama_dir} (model.path)"
+        log.warning(DEMO_BANNER.format(path=llama_dir, hf_id="a Qwen/Qwen3-TTS-12Hz checkpoint"))
     if codec.path is not None:
         snac_dir = Path(codec.path)
         if not snac_dir.is_dir():
             raise CheckpointError(f"codec.path {codec.path} does not exist or is not a directory")
+    elif family == "qwen3-tts":  # (each Qwen3-TTS checkpoint holds its own codec)
+        snac_dir = llama_dir / "speech_tokenizer"
     elif is_demo:
         snac_dir = llama_dir.parent / "snac"
     elif (cached := find_cached(codec.hf_id, "snac", codec.revision, cache_dir)) is not None:
@@ -91,4 +127,4 @@ def resolve_model(
             f"set codec.path or run `lyre checkpoint download`"
         )
     log.info("model: %s (%s); codec: %s", llama_dir, source, snac_dir)
-    return ResolvedModel(llama_dir=llama_dir, snac_dir=snac_dir, is_demo=is_demo, source=source)
+    return ResolvedModel(llama_dir=llama_dir, snac_dir=snac_dir, is_demo=is_demo, source=source, family=family)

@@ -45,6 +45,7 @@ class TextIds:
     im_end: int
     assistant: int = 77091  # "assistant" in Qwen's vocabulary (config.json's assistant_token_id)
     newline: int = 198  # "\n" in Qwen's vocabulary
+    special_start: int = 151643  # <|endoftext|>: every id from here is a special token
 
 
 @dataclass(frozen=True)

@@ -26,16 +26,19 @@ Row = tuple[int | None, int | None]  # (text id, codec id): the row is the sum o
 class TalkerPrompt:
     rows: tuple[Row, ...]
     trailing: tuple[int, ...]  # text ids added to the decode steps' rows in turn, then tts_pad
+    max_frames: int | None = None  # the most frames its text may take (a runaway stops there)
 
     def __len__(self) -> int:
         return len(self.rows)
 
 
 def build_prompt(cfg: Qwen3TTSConfig, text_ids: list[int], *, speaker: str | None = None, language: str = "auto",
-                 instruct_ids: list[int] | None = None, non_streaming: bool = False) -> TalkerPrompt:
+                 instruct_ids: list[int] | None = None, non_streaming: bool = False,
+                 role_ids: list[int] | None = None, max_frames: int | None = None) -> TalkerPrompt:
     """The prompt for ``text_ids`` (the target text's tokens, no template) in a built-in ``speaker``'s
     voice (CustomVoice; None: none) and ``language`` (a name from config.json, or auto).
-    ``instruct_ids``: the whole tokenized instruct template. ValueError names what cannot be honoured."""
+    ``instruct_ids``: the whole tokenized instruct template; ``role_ids``: ``<|im_start|>assistant\n``
+    as the tokenizer reads it (default: Qwen's ids). ValueError names what cannot be honoured."""
     if not text_ids:
         raise ValueError("the text is empty")
     language = language.lower()
@@ -56,10 +59,10 @@ def build_prompt(cfg: Qwen3TTSConfig, text_ids: list[int], *, speaker: str | Non
             else [codec.think, codec.think_bos, language_id, codec.think_eos])
     codec_rows = [*tags, *([speaker_id] if speaker_id is not None else []), codec.pad]
     rows: list[Row] = [(i, None) for i in instruct_ids or []]
-    rows += [(text.im_start, None), (text.assistant, None), (text.newline, None)]
+    rows += [(i, None) for i in role_ids or (text.im_start, text.assistant, text.newline)]
     rows += [(text.tts_pad, c) for c in codec_rows[:-1]] + [(text.tts_bos, codec_rows[-1])]
     if non_streaming:
         rows += [(t, codec.pad) for t in [*text_ids, text.tts_eos]] + [(text.tts_pad, codec.bos)]
-        return TalkerPrompt(tuple(rows), ())
+        return TalkerPrompt(tuple(rows), (), max_frames)
     rows.append((text_ids[0], codec.bos))
-    return TalkerPrompt(tuple(rows), (*text_ids[1:], text.tts_eos))
+    return TalkerPrompt(tuple(rows), (*text_ids[1:], text.tts_eos), max_frames)

@@ -1,0 +1,189 @@
+"""The Qwen3-TTS demo checkpoint: a seeded random CustomVoice model at a tiny size, in the file
+layout of the real downloads (``config.json``, ``generation_config.json``, ``model.safetensors``
+with the reference's weight names, ``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json``,
+``speech_tokenizer/`` with its config and decoder weights), so that the loading code is the one
+real checkpoints use. The real control ids, languages and speakers; random weights: NOISE.
+``lyre checkpoint demo --family qwen3-tts DIR`` writes it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from lyre.codec.qwen12hz import Decoder, DecoderConfig
+from lyre.family.qwen3tts.tokenizer import SPLIT_PATTERN, byte_level_bpe
+from lyre.model.demo import _CORPUS, MARKER, replaced_directory
+from lyre.model.qwen3tts import CODE_GROUPS, CODES
+
+DEMO_FORMAT = 1
+TEXT_VOCAB = 151936
+# the released checkpoints' ids (config.json; research §1)
+CODEC_IDS = {"codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154,
+             "codec_nothink_id": 2155, "codec_think_bos_id": 2156, "codec_think_eos_id": 2157}
+LANGUAGES = {"english": 2050, "german": 2053, "spanish": 2054, "chinese": 2055, "japanese": 2058, "french": 2061,
+             "sichuan_dialect": 2062, "korean": 2064, "russian": 2069, "italian": 2070, "portuguese": 2071,
+             "beijing_dialect": 2074}
+SPEAKERS = {"aiden": 2861, "sohee": 2864, "ono_anna": 2873, "eric": 2875, "dylan": 2878, "uncle_fu": 3010,
+            "ryan": 3061, "vivian": 3065, "serena": 3066}
+DIALECTS = {"eric": "sichuan_dialect", "dylan": "beijing_dialect"}
+SPECIAL_TOKENS = {151643: "<|endoftext|>", 151644: "<|im_start|>", 151645: "<|im_end|>",
+                  151671: "<tts_pad>", 151672: "<tts_text_bos>", 151673: "<tts_text_eod>"}
+TALKER = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32)
+CODE_PREDICTOR = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16)
+TEXT_HIDDEN = 32
+DECODER = dict(codebook_size=CODES, codebook_dim=32, latent_dim=32, hidden_size=32, intermediate_size=64,
+               num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=2, sliding_window=72,
+               num_quantizers=CODE_GROUPS, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=64)
+GENERATION = {"do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
+              "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
+              "subtalker_temperature": 0.9, "max_new_tokens": 8192}
+
+_README = """\
+# Lyre Qwen3-TTS demo checkpoint — NOT A REAL MODEL
+
+Written by `lyre checkpoint demo --family qwen3-tts`. The weights are seeded random numbers:
+everything it "says" is noise. It has the layout, control ids, languages and speakers of
+Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, so Lyre serves it as it would the real model.
+"""
+
+
+def demo_config() -> dict[str, Any]:
+    """config.json as the reference's ``save_pretrained`` writes it, at the demo's size."""
+    decoder = lambda d: dict(d, rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",  # noqa: E731
+                             max_position_embeddings=32768, attention_bias=False, use_sliding_window=False)
+    talker = dict(decoder(TALKER), vocab_size=3072, num_code_groups=CODE_GROUPS, text_hidden_size=TEXT_HIDDEN,
+                  text_vocab_size=TEXT_VOCAB, model_type="qwen3_tts_talker",
+                  rope_scaling={"mrope_section": [8, 4, 4], "interleaved": True, "rope_type": "default"},
+                  code_predictor_config=dict(decoder(CODE_PREDICTOR), vocab_size=CODES, num_code_groups=CODE_GROUPS),
+                  spk_id=SPEAKERS, spk_is_dialect={s: DIALECTS.get(s, False) for s in SPEAKERS},
+                  codec_language_id=LANGUAGES, **CODEC_IDS)
+    return {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
+            "tts_model_type": "custom_voice", "tts_model_size": "0b6", "assistant_token_id": 77091,
+            "im_start_token_id": 151644, "im_end_token_id": 151645, "tts_pad_token_id": 151671,
+            "tts_bos_token_id": 151672, "tts_eos_token_id": 151673, "talker_config": talker, "dtype": "float32"}
+
+
+def _decoder_weights(d: dict[str, int], prefix: str) -> dict[str, tuple[int, ...]]:
+    h, hd, i = d["hidden_size"], d["head_dim"], d["intermediate_size"]
+    heads, kv = d["num_attention_heads"], d["num_key_value_heads"]
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}norm.weight": (h,)}
+    for n in range(d["num_hidden_layers"]):
+        p = f"{prefix}layers.{n}."
+        shapes |= {p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                   p + "self_attn.q_proj.weight": (heads * hd, h), p + "self_attn.k_proj.weight": (kv * hd, h),
+                   p + "self_attn.v_proj.weight": (kv * hd, h), p + "self_attn.o_proj.weight": (h, heads * hd),
+                   p + "self_attn.q_norm.weight": (hd,), p + "self_attn.k_norm.weight": (hd,),
+                   p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
+                   p + "mlp.down_proj.weight": (h, i)}
+    return shapes
+
+
+def weight_shapes() -> dict[str, tuple[int, ...]]:
+    """Every tensor of the demo's model.safetensors, by the reference's names."""
+    h, cp = TALKER["hidden_size"], CODE_PREDICTOR["hidden_size"]
+    shapes = _decoder_weights(TALKER, "talker.model.") | _decoder_weights(CODE_PREDICTOR, "talker.code_predictor.model.")
+    shapes |= {"talker.model.codec_embedding.weight": (3072, h), "talker.codec_head.weight": (3072, h),
+               "talker.model.text_embedding.weight": (TEXT_VOCAB, TEXT_HIDDEN),
+               "talker.text_projection.linear_fc1.weight": (TEXT_HIDDEN, TEXT_HIDDEN),
+               "talker.text_projection.linear_fc1.bias": (TEXT_HIDDEN,),
+               "talker.text_projection.linear_fc2.weight": (h, TEXT_HIDDEN),
+               "talker.text_projection.linear_fc2.bias": (h,),
+               "talker.code_predictor.small_to_mtp_projection.weight": (cp, h),
+               "talker.code_predictor.small_to_mtp_projection.bias": (cp,)}
+    for j in range(CODE_GROUPS - 1):
+        shapes[f"talker.code_predictor.model.codec_embedding.{j}.weight"] = (CODES, h)
+        shapes[f"talker.code_predictor.lm_head.{j}.weight"] = (CODES, cp)
+    return shapes
+
+
+def random_weights(seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights: norms at one, biases at zero, the rest N(0, 0.02) as the reference initialises."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in sorted(weight_shapes().items()):
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape)
+        elif name.endswith(".bias"):
+            out[name] = torch.zeros(shape)
+        else:
+            out[name] = torch.randn(shape, generator=g) * 0.02
+    return out
+
+
+def demo_tokenizer() -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """The vocabulary and merges of a byte-level BPE trained on a few call-centre lines (Qwen's
+    pre-tokenizer; "assistant" and "user" single tokens, as in Qwen's vocabulary)."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
+
+    trainer_tok = Tokenizer(models.BPE())
+    trainer_tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(SPLIT_PATTERN), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    trainer = trainers.BpeTrainer(vocab_size=1024, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer_tok.train_from_iterator([*_CORPUS, *["assistant\nuser\n"] * 50], trainer)
+    model = json.loads(trainer_tok.to_str())["model"]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    return model["vocab"], merges
+
+
+def write_demo(out_dir: Path, seed: int = 0) -> Path:
+    """Write the demo checkpoint to ``out_dir``, replacing it atomically."""
+    with replaced_directory(out_dir) as tmp:
+        _json(tmp / "config.json", demo_config())
+        _json(tmp / "generation_config.json", GENERATION)
+        save_file(random_weights(seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        vocab, merges = demo_tokenizer()
+        vocab = dict(vocab) | {text: i for i, text in SPECIAL_TOKENS.items()}
+        byte_level_bpe(vocab, merges, SPECIAL_TOKENS)  # (it builds: the files say what they should)
+        _json(tmp / "vocab.json", vocab)
+        (tmp / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+        _json(tmp / "tokenizer_config.json", {
+            "added_tokens_decoder": {str(i): {"content": t, "special": True} for i, t in SPECIAL_TOKENS.items()},
+            "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768})
+        write_speech_tokenizer(tmp / "speech_tokenizer", seed)
+        (tmp / "README.md").write_text(_README)
+        _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts"})
+    return Path(out_dir)
+
+
+def write_speech_tokenizer(out_dir: Path, seed: int) -> Path:
+    """``speech_tokenizer/``: the 12 Hz tokenizer's config and its decoder's weights (seeded random,
+    the convolutions' small enough that the audio is not clamped)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _json(out_dir / "config.json", {"model_type": "qwen3_tts_tokenizer_12hz", "decoder_config": DECODER,
+                                    "decode_upsample_rate": 1920, "output_sample_rate": 24000})
+    decoder = Decoder(DecoderConfig.from_dict(DECODER))
+    g = torch.Generator().manual_seed(seed + 1)
+    weights = {}
+    for name, p in decoder.state_dict().items():
+        value = torch.randn(p.shape, generator=g) * (0.3 if name.startswith("pre_transformer") else 0.05)
+        weights["decoder." + name] = value.abs() + 0.5 if name.endswith("cluster_usage") else value
+    save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
+
+
+def demo_is_current(out_dir: Path, seed: int = 0) -> bool:
+    try:
+        marker = json.loads((Path(out_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return marker.get("format") == DEMO_FORMAT and marker.get("seed") == seed and marker.get("family") == "qwen3-tts"
+
+
+def is_demo(model_dir: Path) -> bool:
+    """Whether ``model_dir`` is a Qwen3-TTS demo checkpoint."""
+    try:
+        return json.loads((Path(model_dir) / MARKER).read_text()).get("family") == "qwen3-tts"
+    except (OSError, ValueError):
+        return False
+
+
+def _json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

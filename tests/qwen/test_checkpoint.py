@@ -1,0 +1,91 @@
+"""A Qwen3-TTS checkpoint as Lyre finds and loads it: ``lyre checkpoint demo --family qwen3-tts``
+writes the real layout (the reference classes load its weights by name), the family and the codec
+directory come from the checkpoint itself, ``model.family`` refuses a checkpoint of another family,
+and the text tokenizer is built from ``vocab.json`` + ``merges.txt`` as published."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lyre.config import load_config
+from lyre.family.qwen3tts import demo
+from lyre.family.qwen3tts.tokenizer import load_text_tokenizer
+from lyre.model import checkpoint
+from lyre.model.checkpoint import CheckpointError
+from lyre.model.qwen3tts import read_qwen3tts_config
+from lyre.tools.checkpoint import main
+from tests.support.qwen_reference import import_qwen_tts
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    return demo.write_demo(tmp_path_factory.mktemp("qwen3") / "demo", seed=0)
+
+
+def test_the_demo_command_writes_a_checkpoint_the_reference_loads_by_name(tmp_path, capsys):
+    assert main(["demo", "--family", "qwen3-tts", str(tmp_path / "q")]) == 0
+    assert "serve it with --set model.path=" in capsys.readouterr().out
+    assert main(["demo", "--family", "qwen3-tts", str(tmp_path / "q")]) == 0
+    assert "up to date" in capsys.readouterr().out
+    files = {p.name for p in (tmp_path / "q").iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
+            "tokenizer_config.json", "speech_tokenizer"} <= files
+    import_qwen_tts()
+    from qwen_tts.core.models.configuration_qwen3_tts import Qwen3TTSConfig
+    from qwen_tts.core.models.modeling_qwen3_tts import Qwen3TTSForConditionalGeneration
+
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    reference = Qwen3TTSForConditionalGeneration(Qwen3TTSConfig(**config))
+    missing, unexpected = reference.load_state_dict(load_file(str(tmp_path / "q" / "model.safetensors")), strict=False)
+    assert not unexpected and not missing  # (custom_voice: no speaker encoder)
+
+
+def test_the_family_and_the_codec_come_from_the_checkpoint(written, demo_dir):
+    cfg = load_config(None, {"model.path": str(written)})
+    resolved = checkpoint.resolve_model(cfg.model, cfg.codec)
+    assert resolved.family == "qwen3-tts" and resolved.snac_dir == written / "speech_tokenizer"
+    assert resolved.is_demo  # (its marker says so: the banner is shown)
+    assert read_qwen3tts_config(written).speakers["vivian"] == 3065
+    wrong = load_config(None, {"model.path": str(written), "model.family": "orpheus"})
+    with pytest.raises(CheckpointError, match="model.family is orpheus, but the checkpoint at .* is qwen3-tts"):
+        checkpoint.resolve_model(wrong.model, wrong.codec)
+    orpheus = load_config(None, {"model.path": str(demo_dir / "llama"), "model.family": "qwen3-tts"})
+    with pytest.raises(CheckpointError, match="is orpheus"):
+        checkpoint.resolve_model(orpheus.model, orpheus.codec)
+
+
+def test_a_checkpoint_of_another_model_type_is_not_guessed(written, tmp_path):
+    other = shutil.copytree(written, tmp_path / "other")
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "model_type": "bark"}))
+    cfg = load_config(None, {"model.path": str(other)})
+    with pytest.raises(CheckpointError, match="model_type 'bark' is not a model family Lyre serves"):
+        checkpoint.resolve_model(cfg.model, cfg.codec)
+
+
+def test_the_text_tokenizer_reads_the_published_files(written, tmp_path):
+    tok = load_text_tokenizer(written)
+    assert tok.encode("<|im_start|>assistant\n").ids[0] == 151644
+    assert tok.token_to_id("<tts_pad>") == 151671 and tok.token_to_id("<tts_text_eod>") == 151673
+    assert tok.decode(tok.encode("Your balance is 42 dollars.").ids) == "Your balance is 42 dollars."
+    assert all(i < 151643 for i in tok.encode("plain text, digits 12345").ids)
+    broken = shutil.copytree(written, tmp_path / "broken", ignore=shutil.ignore_patterns("speech_tokenizer"))
+    (broken / "merges.txt").unlink()
+    with pytest.raises(CheckpointError, match="merges.txt missing"):
+        load_text_tokenizer(broken)
+    (broken / "merges.txt").write_text("a b c\n")
+    with pytest.raises(CheckpointError, match="'a b c' is not a merge"):
+        load_text_tokenizer(broken)
+
+
+def test_the_demo_is_the_same_on_every_run(written, tmp_path):
+    again = demo.write_demo(tmp_path / "again", seed=0)
+    for name in ("model.safetensors", "vocab.json", "merges.txt", "speech_tokenizer/model.safetensors"):
+        assert (again / name).read_bytes() == (written / name).read_bytes(), name
+    assert not torch.equal(demo.random_weights(1)["talker.codec_head.weight"],
+                           demo.random_weights(0)["talker.codec_head.weight"])
