@@ -64,6 +64,8 @@ def test_one_row_per_synthesis_on_every_protocol(server, tmp_path):
         "grpc-stream": ("grpc", "tara", "completed"), "riva": ("riva", "leo", "completed")}
     assert by["rest"]["pcm_sha256"] == hashlib.sha256(pcm).hexdigest()  # 24 kHz pcm: exactly what was sent
     assert all(r["account"] == "default" and r["audio_seconds"] > 0 for r in mine)
+    # how each generation stopped (the test servers' min_tokens = max_tokens: always the cap)
+    assert {r["reason"] for r in mine} == {"length"}
 
 
 def test_a_synthesis_cut_by_sigkill_has_its_row_and_it_is_closed_as_interrupted_at_the_next_start(demo_dir):

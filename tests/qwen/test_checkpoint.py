@@ -5,6 +5,7 @@ and the text tokenizer is built from ``vocab.json`` + ``merges.txt`` as publishe
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -89,3 +90,28 @@ def test_the_demo_is_the_same_on_every_run(written, tmp_path):
         assert (again / name).read_bytes() == (written / name).read_bytes(), name
     assert not torch.equal(demo.random_weights(1)["talker.codec_head.weight"],
                            demo.random_weights(0)["talker.codec_head.weight"])
+
+
+def test_a_qwen3_tts_repository_downloads_with_its_codec_and_nothing_else_then_serves(written, tmp_path, capsys,
+                                                                                       monkeypatch):
+    from tests.support.fake_hub import FakeHub
+
+    decoys = {"README.md": b"# model", "speech_tokenizer/README.md": b"x", "training/optimizer.pt": b"o",
+              "speech_tokenizer/old/model.safetensors": b"s", "assets/demo.wav": b"w"}
+    files = FakeHub.files_of(written, **decoys)
+    cache = tmp_path / "hf-cache"
+    with FakeHub({"Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice": files}) as hub:
+        # (the command's download, pointed at the fake hub and a fresh cache)
+        monkeypatch.setattr(checkpoint, "download", functools.partial(checkpoint.download, cache_dir=cache,
+                                                                      endpoint=hub.endpoint))
+        assert main(["download", "--family", "qwen3-tts", "--model-id", "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"]) == 0
+        fetched = hub.fetched("Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice")
+    wanted = {f for f in files if f not in decoys and f not in ("README.md", demo.MARKER)}
+    assert fetched == wanted  # the model, its tokenizer files and speech_tokenizer/: nothing else
+    assert "speech_tokenizer" in capsys.readouterr().out
+    # once in the cache, the id resolves to it (family auto: read from its config.json), codec inside
+    cfg = load_config(None, {"model.hf_id": "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice"})
+    resolved = checkpoint.resolve_model(cfg.model, cfg.codec, cache_dir=cache)
+    assert resolved.family == "qwen3-tts" and resolved.snac_dir == resolved.llama_dir / "speech_tokenizer"
+    assert not resolved.is_demo and "Hugging Face cache" in resolved.source
+    load_text_tokenizer(resolved.llama_dir)

@@ -6,6 +6,8 @@ seeded sampling that does not depend on the batch; bad requests refused without 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -87,24 +89,48 @@ def test_the_repetition_penalty_is_the_references(reference, engine):
 
 
 def test_end_of_speech_stops_a_request_after_the_second_frame_as_in_the_reference(reference, tmp_path):
-    # every row's text track carries a large constant (the projection's bias), and end of speech's
-    # codec_head row points along it: end of speech is the most likely id at every step
-    with torch.no_grad():
-        bias = reference.talker.text_projection.linear_fc2.bias
-        saved = bias.clone(), reference.talker.codec_head.weight.clone()
-        try:
-            bias.zero_()[0] = 1000.0
-            reference.talker.codec_head.weight[2150].zero_()[0] = 10.0
-            want = reference_frames(reference, TEXTS[:1])[0]
-            reference.save_pretrained(tmp_path)
-        finally:
-            bias.copy_(saved[0])
-            reference.talker.codec_head.weight.copy_(saved[1])
+    with pointing(reference, 2150):  # end of speech is the most likely id at every step
+        want = reference_frames(reference, TEXTS[:1])[0]
+        reference.save_pretrained(tmp_path)
     engine = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=64))
     got, reasons = run(engine, [greedy(engine, "s", TEXTS[0])])
     assert want.shape == (2, 16)  # held back for two frames (min_new_tokens), then stopped
     assert torch.equal(got["s"], want) and reasons["s"] == "stop"
     assert engine.slots.free == 2
+
+
+def pointing(reference, code: int):
+    """A context in which every row's text track carries a large constant (the projection's bias) and
+    ``code``'s codec_head row points along it: ``code`` is the most likely id at every step."""
+
+    @contextlib.contextmanager
+    def context():
+        with torch.no_grad():
+            bias, head = reference.talker.text_projection.linear_fc2.bias, reference.talker.codec_head.weight
+            saved = bias.clone(), head.clone()
+            try:
+                bias.zero_()[0] = 1000.0
+                head[code].zero_()[0] = 10.0
+                yield
+            finally:
+                bias.copy_(saved[0])
+                head.copy_(saved[1])
+
+    return context()
+
+
+def test_a_runaway_holding_one_code_is_stopped_by_the_repetition_guard(reference, tmp_path):
+    with pointing(reference, 5):
+        want = reference_frames(reference, TEXTS[:1], frames=60)[0]
+        reference.save_pretrained(tmp_path)
+    assert (want[:, 0] == 5).all()  # (the reference would run to its cap)
+    engine = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=128))
+    got, reasons = run(engine, [greedy(engine, "g", TEXTS[0], frames=60)])
+    assert reasons["g"] == "repetition" and torch.equal(got["g"], want[:38])  # 3 s of one code 0
+    unguarded = greedy(engine, "u", TEXTS[0], frames=60)
+    unguarded.repetition_guard = 0
+    got, reasons = run(engine, [unguarded])
+    assert reasons["u"] == "length" and torch.equal(got["u"], want)
 
 
 def test_a_seeded_request_makes_the_same_frames_alone_and_beside_others(engine):

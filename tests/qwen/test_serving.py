@@ -6,16 +6,21 @@ Orpheus emotion tag, an unknown voice or language, instructions on 0.6B CustomVo
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import urllib.request
 
+import grpc
 import numpy as np
 import pytest
 import soundfile as sf
+import websockets
 from openai import OpenAI
 
+from lyre.core.stats import STOP_REASONS
 from lyre.family.qwen3tts.demo import SPEAKERS, write_demo
+from lyre.v1 import tts_pb2, tts_pb2_grpc
 from tests.support.servers import serve_in_process
 from tests.support.voices import enroll
 
@@ -25,6 +30,9 @@ def server(tmp_path_factory):
     demo = write_demo(tmp_path_factory.mktemp("qwen3-demo") / "qwen3-tts")
     with serve_in_process(f"model.path={demo}", "codec.path=null", "model.backend=torch") as srv:
         yield srv
+
+
+STOPS = set(STOP_REASONS.values())
 
 
 def post(server, body: dict) -> tuple[int, dict]:
@@ -74,13 +82,21 @@ def test_what_the_model_cannot_honour_is_refused_naming_it(server, body, status,
     assert got == status and named in error["error"]["message"], error
 
 
-def test_a_frame_cap_follows_the_text(server):
-    client = OpenAI(base_url=server.http + "/v1", api_key="unused")
-    pcm = client.audio.speech.create(model="qwen3-tts", voice="vivian", input="Hi.", response_format="pcm",
-                                     extra_body={"seed": 2, "min_tokens": 1000, "max_tokens": 1000}).content
-    frames = len(pcm) // 2 / 1920
+def test_a_frame_cap_follows_the_text_and_the_final_message_says_it_stopped_there(server):
+    async def speak() -> tuple[bytes, dict]:
+        async with websockets.connect(server.http.replace("http", "ws") + "/v1/audio/stream") as ws:
+            # (end of speech held back to the end: the cap alone stops it)
+            await ws.send(json.dumps({"text": "Hi.", "voice": "vivian", "seed": 2, "min_tokens": 1000,
+                                      "max_tokens": 1000}))
+            pcm = b""
+            while isinstance(message := await ws.recv(), bytes):
+                pcm += message
+            return pcm, json.loads(message)
+
+    pcm, done = asyncio.run(speak())
     tokens = len(server.service.tokenizer.encode("Hi.").ids)
-    assert frames <= 25 + 8 * tokens  # the documented cap: 2 s plus 0.64 s a text token
+    assert len(pcm) // 2 == (25 + 8 * tokens) * 1920  # the documented cap: 2 s plus 0.64 s a text token
+    assert done["done"] and done["metrics"]["stop_reason"] == "length"
 
 
 def test_cloning_is_refused_on_this_family_with_nothing_stored(server):
@@ -88,3 +104,29 @@ def test_cloning_is_refused_on_this_family_with_nothing_stored(server):
     assert response.status_code == 400 and "voice cloning is not available" in response.json()["error"]["message"]
     status, body = server.get("/v1/voices")
     assert all(v["type"] == "builtin" for v in body["voices"])
+
+
+def test_websocket_and_grpc_take_language_and_instructions_too(server):
+    async def ws(message: dict) -> dict:
+        async with websockets.connect(server.http.replace("http", "ws") + "/v1/audio/stream") as sock:
+            await sock.send(json.dumps({"voice": "vivian", "text": "Hello.", "seed": 4, **message}))
+            while isinstance(reply := await sock.recv(), bytes):
+                pass
+            return json.loads(reply)
+
+    assert asyncio.run(ws({"language": "german"}))["done"]
+    refused = asyncio.run(ws({"instructions": "Speak warmly."}))
+    assert "'instructions' is not taken" in refused["error"]["message"]
+
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        reply = stub.Synthesize(tts_pb2.SynthesizeRequest(text="Hello.", voice="ryan", language="english"))
+        assert len(reply.audio) % (2 * 1920) == 0 and reply.metrics.stop_reason in STOPS
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Synthesize(tts_pb2.SynthesizeRequest(text="Hello.", voice="ryan", language="klingon"))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "klingon" in e.value.details()
+        config = tts_pb2.StreamingConfig(voice="sohee", instructions="Whisper.")
+        with pytest.raises(grpc.RpcError) as e:
+            list(stub.StreamingSynthesize(iter([tts_pb2.StreamingSynthesizeRequest(config=config),
+                                                tts_pb2.StreamingSynthesizeRequest(text="Hello.")])))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "instructions" in e.value.details()

@@ -51,13 +51,14 @@ def test_every_synthesis_leaves_one_row_with_the_hashes_of_its_text_and_audio():
     assert len(got) == 3
     first, cut, utt = got
     assert (first["account"], first["voice"], first["protocol"], first["outcome"], first["reason"]) == (
-        "alice", "leo", "library", "completed", "")
+        "alice", "leo", "library", "completed", "length")  # (how generation stopped: the tests' max_tokens)
     assert first["text_sha256"] == hashlib.sha256(b"Audit me, please.").hexdigest()
     assert first["pcm_sha256"] == hashlib.sha256(a.pcm.astype("<i2").tobytes()).hexdigest()
     assert abs(first["audio_seconds"] - a.seconds) < 1e-9
     assert (cut["voice"], cut["account"], cut["outcome"], cut["reason"]) == ("leo", "default", "cancelled", "")
     assert 0 < cut["audio_seconds"] < a.seconds
-    assert (utt["account"], utt["protocol"], utt["voice"], utt["outcome"]) == ("bob", "ws", "mia", "completed")
+    assert (utt["account"], utt["protocol"], utt["voice"], utt["outcome"], utt["reason"]) == (
+        "bob", "ws", "mia", "completed", "length")  # (an utterance's: the worst of its pieces')
     assert all(r["ended"] is not None and r["ended"] >= r["time"] for r in got)
     assert utt["text_sha256"] == hashlib.sha256(b"First part. Second part.").hexdigest()  # as appended
     assert utt["pcm_sha256"] == hashlib.sha256(utterance_pcm.astype("<i2").tobytes()).hexdigest()
@@ -150,7 +151,8 @@ def test_a_spool_a_crash_left_is_written_and_open_rows_closed_as_interrupted_at_
 
 
 @pytest.mark.parametrize("outcome, reason, row", [
-    ("finished", None, ("completed", "")), ("cancelled", "cancelled", ("cancelled", "")),
+    ("finished", None, ("completed", "")), ("finished", "end_of_speech", ("completed", "end_of_speech")),
+    ("cancelled", "cancelled", ("cancelled", "")),
     ("cancelled", "slow_consumer", ("slow_consumer", "slow_consumer")), ("cancelled", "timeout", ("timeout", "timeout")),
     ("cancelled", "shutdown", ("shutdown", "shutdown")), ("failed", "engine error", ("error", "engine error")),
     ("cancelled", "delivery_failed", ("error", "delivery_failed"))])

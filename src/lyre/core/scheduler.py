@@ -22,6 +22,7 @@ speed is never cut off, however far ahead the server is, because a session whose
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import time
@@ -35,7 +36,15 @@ from lyre.core.fair import FairQueue
 from lyre.core.pipeline import AudioPipeline
 from lyre.core.policy import POLICIES, Policy
 from lyre.core.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
-from lyre.core.stats import AccountLoad, KVCacheStats, SchedulerStats, SessionMetrics, StatsSnapshot
+from lyre.core.stats import (
+    STOP_REASONS,
+    AccountLoad,
+    KVCacheStats,
+    SchedulerStats,
+    SessionMetrics,
+    StatsSnapshot,
+    worst_stop,
+)
 from lyre.engine.base import TokenDelta, TokenEngine
 from lyre.family import ORPHEUS, Family
 
@@ -308,8 +317,9 @@ class Scheduler:
             del self._by_request[d.request_id]
             if d.finish_reason == "error":
                 self._end(s, FAILED, f"engine error: {d.error}", now)
-            elif d.finish_reason in ("stop", "length"):
+            elif d.finish_reason in STOP_REASONS:
                 seg.done_generating = True
+                seg.stop = STOP_REASONS[d.finish_reason]
                 seg.decoder.finish()
 
     # --- endings --------------------------------------------------------------------------------
@@ -341,6 +351,7 @@ class Scheduler:
             chunks=s.chunks,
             late_chunks=s.late_chunks,
             segments=len(s.segments),
+            stop_reason=functools.reduce(worst_stop, (seg.stop for seg in s.segments), None),
         )
         if self.metrics is not None:
             # a bounded label: the known reasons, else the outcome (an error's text is not a label)

@@ -65,6 +65,7 @@ class Segment:
     decoder: Any = None  # the codec's stream for this segment (lyre.codec.stream / window), once submitted
     submitted: bool = False
     done_generating: bool = False
+    stop: str | None = None  # how its generation ended (lyre.core.stats.STOP_REASONS)
 
 
 @dataclass(eq=False)

@@ -29,9 +29,21 @@ class SessionMetrics:
     chunks: int
     late_chunks: int  # delivered after the listener had played all the audio before them
     segments: int
+    stop_reason: str | None = None  # how its generation ended (STOP_REASONS): the worst of its segments'
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# an engine's finish reason -> how a generation stopped, as reported (metrics, audit rows): the model's
+# end of speech; a cap (max_tokens, a Qwen3-TTS segment's frame cap, a full slot); the repetition guard
+STOP_REASONS = {"stop": "end_of_speech", "length": "length", "repetition": "repetition"}
+_STOP_RANK = {None: -1, "end_of_speech": 0, "length": 1, "repetition": 2}
+
+
+def worst_stop(a: str | None, b: str | None) -> str | None:
+    """The stop reason that says more was wrong (a cap over end of speech, a runaway over a cap)."""
+    return a if _STOP_RANK[a] >= _STOP_RANK[b] else b
 
 
 @dataclass(frozen=True)

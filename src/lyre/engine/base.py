@@ -24,7 +24,8 @@ from lyre.model import orpheus
 if TYPE_CHECKING:
     import torch
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+# stop: a stop id (end of speech); length: max_tokens or a full slot; repetition: a runaway's guard (Qwen3-TTS)
+FinishReason = Literal["stop", "length", "repetition", "cancelled", "error"]
 
 
 @dataclass(frozen=True)

@@ -168,6 +168,8 @@ class WsMessage(SamplingOptions):
     end: bool | None = None
     cancel: bool | None = None
     voice: Name | None = None
+    language: Name | None = None  # as SpeechBody's
+    instructions: Text | None = None  # as SpeechBody's
     response_format: Name | None = None
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None

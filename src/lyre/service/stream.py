@@ -135,7 +135,7 @@ class SpeechStream:
         self.metrics = ev.metrics
         if self.timeline is not None and ev.outcome == FINISHED:
             self.timeline.finish()
-        self._ending.end(ev.outcome, None if ev.outcome == FINISHED else ev.reason)
+        self._ending.end(ev.outcome, ev.metrics.stop_reason if ev.outcome == FINISHED else ev.reason)
         if ev.outcome == FINISHED:
             raise StopAsyncIteration
         if ev.outcome == CANCELLED and ev.reason == "shutdown":

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from lyre.core.stats import worst_stop
 from lyre.errors import (
     ControlTokenInText,
     InvalidRequest,
@@ -66,6 +67,7 @@ class UtteranceMetrics:
     chunks: int
     late_chunks: int
     pieces: int  # spoken to the end
+    stop_reason: str | None = None  # the worst of its pieces' (lyre.core.stats.STOP_REASONS)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -259,7 +261,7 @@ class Utterance:
                     self._start(raise_overload=True)
                 if not self._streams:
                     if self.ended and not self._queue:
-                        self._record("finished")
+                        self._record("finished", self.metrics.stop_reason)
                         self.closed = True
                         raise StopAsyncIteration
                     self._changed.clear()
@@ -311,4 +313,5 @@ class Utterance:
             return
         self.metrics = UtteranceMetrics(ttfb, total.tokens + m.tokens, total.prompt_tokens + m.prompt_tokens,
                                         total.audio_seconds + m.audio_seconds, total.chunks + m.chunks,
-                                        total.late_chunks + m.late_chunks, total.pieces + 1)
+                                        total.late_chunks + m.late_chunks, total.pieces + 1,
+                                        worst_stop(total.stop_reason, m.stop_reason))

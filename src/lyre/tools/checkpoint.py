@@ -32,7 +32,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
 
     p_dl = sub.add_parser("download", help="download the configured model and codec into the Hugging Face cache")
     add_config_arguments(p_dl)
-    p_dl.add_argument("--model-id", help="Llama repository (default: model.hf_id)")
+    p_dl.add_argument("--model-id", help="model repository (default: model.hf_id)")
+    p_dl.add_argument("--family", choices=("orpheus", "qwen3-tts"), help="what the repository holds (default: "
+                      "model.family; auto is orpheus): qwen3-tts fetches a whole Qwen3-TTS checkpoint, e.g. "
+                      "--model-id Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, its codec inside")
     p_dl.add_argument("--codec-id", help="SNAC repository (default: codec.hf_id)")
 
     p_res = sub.add_parser("resolve", help="show (and prepare) the checkpoint the server would load")
@@ -65,6 +68,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
                 print(f"the demo checkpoint at {args.dir} is up to date")
             return 0
         cfg = config_from_args(args)
+        if args.command == "download" and (args.family or cfg.model.family) == "qwen3-tts":
+            path = checkpoint.download(args.model_id or cfg.model.hf_id, "qwen3-tts", cfg.model.revision)
+            print(f"model: {path}\ncodec: {path / 'speech_tokenizer'}")
+            return 0
         if args.command == "download":
             llama = checkpoint.download(args.model_id or cfg.model.hf_id, "llama", cfg.model.revision)
             snac = checkpoint.download(args.codec_id or cfg.codec.hf_id, "snac", cfg.codec.revision)

@@ -28,10 +28,10 @@ _CANCELLED = {"cancelled": "cancelled", "slow_consumer": "slow_consumer", "timeo
 
 
 def row_outcome(outcome: str, reason: str | None) -> tuple[str, str]:
-    """(outcome, reason) of the row for how a synthesis ended (the scheduler's finished, cancelled
-    with its reason, failed with its reason)."""
-    if outcome == "finished":
-        return "completed", ""
+    """(outcome, reason) of the row for how a synthesis ended (the scheduler's finished with how its
+    generation stopped, cancelled with its reason, failed with its reason)."""
+    if outcome == "finished":  # (reason: how its generation stopped, lyre.core.stats.STOP_REASONS)
+        return "completed", reason or ""
     if outcome == "cancelled" and reason in _CANCELLED:
         return _CANCELLED[reason], "" if reason == "cancelled" else reason
     return "error", (reason or outcome)[:64]

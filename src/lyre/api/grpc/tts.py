@@ -15,7 +15,7 @@ from lyre.api.grpc.voices import VoiceMethods
 from lyre.audio.formats import AudioEncoder, check_format
 from lyre.core.stats import SessionMetrics
 from lyre.errors import InvalidRequest, LyreError
-from lyre.service.options import SamplingOptions, parse
+from lyre.service.options import VOICE_OPTIONS, SamplingOptions, parse
 from lyre.service.timing import Piece, Timeline
 from lyre.service.utterance import Utterance, UtteranceMetrics
 
@@ -44,9 +44,12 @@ def _audio_format(audio: Any) -> tuple[str, int | None]:
     return fmt, rate
 
 
-def _sampling(options: Any) -> dict[str, Any]:
+def _sampling(options: Any, request: Any) -> dict[str, Any]:
+    """The sampling overrides of ``options`` (SamplingOptions), and ``request``'s language and
+    instructions where set (proto3 strings: empty is unset)."""
     fields = {f.name: getattr(options, f.name) for f in options.DESCRIPTOR.fields if options.HasField(f.name)}
-    return parse(SamplingOptions, fields).sampling()
+    voice = {name: getattr(request, name) for name in VOICE_OPTIONS if getattr(request, name)}
+    return {**parse(SamplingOptions, fields).sampling(), **voice}
 
 
 def _metrics(m: SessionMetrics | UtteranceMetrics | None) -> Any:
@@ -55,7 +58,7 @@ def _metrics(m: SessionMetrics | UtteranceMetrics | None) -> Any:
     return tts_pb2.SynthesisMetrics(
         ttfb_ms=m.ttfb_ms or 0.0, tokens=m.tokens, audio_seconds=m.audio_seconds,
         real_time_factor=getattr(m, "real_time_factor", None) or 0.0, chunks=m.chunks, late_chunks=m.late_chunks,
-        pieces=getattr(m, "pieces", 1))
+        pieces=getattr(m, "pieces", 1), stop_reason=m.stop_reason or "")
 
 
 def _timestamps(value: str) -> str | None:
@@ -100,7 +103,7 @@ class TextToSpeech(VoiceMethods, Servicer):
         async with self._serving(context, request) as account:
             fmt, rate = _audio_format(request.audio)
             voice = await self.service.voices.resolve(request.voice or None, account)
-            stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling))
+            stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling, request))
             log.debug("Synthesize: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate, stream=False)  # one response: a whole file (headers filled in)
             audio = await whole_audio(stream, encoder)
@@ -116,7 +119,7 @@ class TextToSpeech(VoiceMethods, Servicer):
             fmt, rate = _audio_format(request.audio)
             _timestamps(request.timestamps)
             voice = await self.service.voices.resolve(request.voice or None, account)
-            stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling))
+            stream = self.service.speak(request.text, voice, account=account, protocol="grpc", **_sampling(request.sampling, request))
             log.debug("SynthesizeStream: %s", describe_text(request.text))
             encoder = AudioEncoder(fmt, rate)
             chunks = _Chunks(encoder, stream.timeline, _timestamps(request.timestamps))
@@ -141,7 +144,7 @@ class TextToSpeech(VoiceMethods, Servicer):
             fmt, rate = _audio_format(config.audio)
             detail = _timestamps(config.timestamps)
             voice = await self.service.voices.resolve(config.voice or None, account)
-            utterance = self.service.utterance(voice, account=account, protocol="grpc", **_sampling(config.sampling))
+            utterance = self.service.utterance(voice, account=account, protocol="grpc", **_sampling(config.sampling, config))
             encoder = AudioEncoder(fmt, rate)
             chunks = _Chunks(encoder, utterance.timeline, detail)
             reader = asyncio.get_running_loop().create_task(_read_text(request_iterator, utterance))

@@ -203,7 +203,7 @@ class Socket:
         voice = await self.service.voices.resolve(m.voice, self.account)  # a built-in name, or a cloned voice
         release = self.service.quotas.take(self.account, "ws_contexts")  # over all the account's sockets
         try:
-            utterance = self.service.utterance(voice, account=self.account, protocol="ws", **m.sampling())
+            utterance = self.service.utterance(voice, account=self.account, protocol="ws", **m.options())
         except BaseException:
             release()
             raise
@@ -216,7 +216,9 @@ class Socket:
             raise
         cfg = self.service.config
         settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
-                    "sample_rate": rate, "bitrate": bitrate, "timestamps": m.timestamps, **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
+                    "sample_rate": rate, "bitrate": bitrate, "timestamps": m.timestamps, "language": m.language,
+                    "instructions": m.instructions,
+                    **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append
         log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)

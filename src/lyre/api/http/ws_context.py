@@ -15,7 +15,7 @@ from lyre.api.common import classify, encode, error_body, finish
 from lyre.audio.formats import AudioEncoder
 from lyre.errors import InvalidRequest, LyreError
 from lyre.model.orpheus import SAMPLE_RATE
-from lyre.service.options import SamplingOptions, WsMessage
+from lyre.service.options import VOICE_OPTIONS, SamplingOptions, WsMessage
 from lyre.service.utterance import Utterance
 
 
@@ -32,7 +32,8 @@ class Socket(Protocol):
     async def send(self, message: dict | bytes) -> None: ...
 
 # what a context's first message fixes (a later one may repeat them, never change them)
-SETTINGS = ("voice", "response_format", "format", "sample_rate", "bitrate", "timestamps", *SamplingOptions.model_fields)
+SETTINGS = ("voice", "response_format", "format", "sample_rate", "bitrate", "timestamps", *VOICE_OPTIONS,
+            *SamplingOptions.model_fields)
 
 
 def feed(utterance: Utterance, m: WsMessage, text: str | None) -> None:

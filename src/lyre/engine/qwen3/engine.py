@@ -9,7 +9,8 @@ fault isolation and cancellation are the token engine's. What differs:
   its text track: the next trailing text row, then tts_pad (each slot keeps its own cursor);
 - a sampling row makes a whole frame (:class:`~lyre.engine.qwen3.sampler.FrameSampler`:
   codebook 0, then the code predictor batched across every row of the step), delivered as one
-  delta of 16 codes; end of speech (``stop``) delivers none; ``max_tokens`` counts frames.
+  delta of 16 codes; end of speech (``stop``) delivers none; ``max_tokens`` counts frames;
+  codebook 0 held in one short cycle for ``repetition_guard`` frames ends it (``repetition``).
 
 Positions count per slot from 0 (the reference's three equal M-RoPE rows are plain RoPE).
 """
@@ -128,6 +129,6 @@ class QwenEngine(TorchEngine):
                 s.frame_done(frame.codes[0], frame.row)
                 codes = frame.codes
                 full = s.num_generated >= s.params.max_tokens or s.num_cached >= self.cfg.max_seq_len
-                reason = "length" if full else None
+                reason = "length" if full else "repetition" if s.repeating() else None
             deltas.append(self._delta(s, codes, reason, lg, ids))
         return deltas

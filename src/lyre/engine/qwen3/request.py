@@ -4,6 +4,7 @@ rows and trailing text rows on the device, the codec track of its next step)."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,6 +15,8 @@ from lyre.engine.torch.sequence import Sequence
 from lyre.model.qwen3tts import Qwen3TTSConfig, TalkerPrompt
 
 DEFAULT_MAX_FRAMES = 2048  # the reference wrapper's cap (164 s); a request's own cap follows its text (issue 31 item 5)
+REPETITION_GUARD_FRAMES = 38  # 3 s of codebook 0 repeating one short cycle ends a request ("repetition")
+REPETITION_MAX_PERIOD = 4  # frames: a cycle this short or shorter (one code held, or a few alternating)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class FrameRequest(GenerationRequest):
 
     prompt: TalkerPrompt = field(default_factory=lambda: TalkerPrompt((), ()))
     code_sampling: CodeSampling = field(default_factory=CodeSampling)
+    repetition_guard: int = REPETITION_GUARD_FRAMES  # frames; 0 = off
 
     @property
     def prompt_len(self) -> int:
@@ -53,6 +57,7 @@ class FrameSequence(Sequence):
     rows: torch.Tensor | None = None  # (L, H) the prompt's rows
     trailing: torch.Tensor | None = None  # (n, H) the trailing text's rows, one per decode step
     frame_row: torch.Tensor | None = None  # (H,) the codec track of the next decode step: its frame's 16 codes
+    recent: deque[int] = field(default_factory=deque)  # the last repetition_guard frames' codebook 0
 
     def text_row(self, pad: torch.Tensor) -> torch.Tensor:
         """(H,) the text track of the next decode step: the next trailing text row, or tts_pad."""
@@ -63,7 +68,20 @@ class FrameSequence(Sequence):
         """A frame was made: its codebook 0 joins the penalty's history, its row is the next step's input."""
         self.num_generated += 1
         self.frame_row = row
+        guard = self.request.repetition_guard
+        if guard:
+            self.recent.append(c0)
+            if len(self.recent) > guard:
+                self.recent.popleft()
         if self.params.repetition_penalty != 1.0:
             self.generated_window.append(c0)
             if self.params.repetition_window and len(self.generated_window) > self.params.repetition_window:
                 self.generated_window.popleft()
+
+    def repeating(self) -> bool:
+        """Its last ``repetition_guard`` frames' codebook 0 repeat one cycle of at most
+        ``REPETITION_MAX_PERIOD`` frames: a runaway (speech does not hold a cycle that long)."""
+        c, guard = self.recent, self.request.repetition_guard
+        if not guard or len(c) < guard:
+            return False
+        return any(all(c[i] == c[i - p] for i in range(p, len(c))) for p in range(1, REPETITION_MAX_PERIOD + 1))

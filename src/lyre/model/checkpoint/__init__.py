@@ -4,7 +4,14 @@ fetching them from the Hugging Face hub (:mod:`.hub`), and choosing the one to s
 (:mod:`lyre.tools.checkpoint`)."""
 
 from lyre.errors import CheckpointError
-from lyre.model.checkpoint.hub import IGNORE_PATTERNS, LLAMA_PATTERNS, SNAC_PATTERNS, download, find_cached
+from lyre.model.checkpoint.hub import (
+    IGNORE_PATTERNS,
+    LLAMA_PATTERNS,
+    QWEN3TTS_PATTERNS,
+    SNAC_PATTERNS,
+    download,
+    find_cached,
+)
 from lyre.model.checkpoint.llama import (
     INDEX_FILE,
     LlamaConfig,
@@ -25,7 +32,7 @@ from lyre.model.checkpoint.resolve import (
 )
 from lyre.model.checkpoint.snac import load_snac
 
-__all__ = ["DEMO_BANNER", "FAMILIES", "checkpoint_family", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
+__all__ = ["DEMO_BANNER", "FAMILIES", "checkpoint_family", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "QWEN3TTS_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
            "LlamaConfig", "ResolvedModel", "check_llama_weights", "check_weight_shapes", "download", "find_cached",
            "load_llama_weights", "load_snac", "load_tokenizer", "read_config_json", "read_llama_config", "resolve_model",
            "safetensors_files"]

@@ -1,6 +1,7 @@
 """Checkpoints on the Hugging Face hub: downloads fetch only the files Lyre loads (never the optimizer
 states and intermediate checkpoints that Orpheus's repository also holds), with progress bars;
-the local cache is searched without the network."""
+the local cache is searched without the network. A kind says what is fetched: ``llama`` (Orpheus),
+``snac``, ``qwen3-tts`` (a whole Qwen3-TTS checkpoint, its codec in ``speech_tokenizer/``)."""
 
 from __future__ import annotations
 
@@ -21,14 +22,24 @@ LLAMA_PATTERNS = [
     "special_tokens_map.json",
 ]
 SNAC_PATTERNS = ["config.json", "pytorch_model.bin", "*.safetensors"]
+# A Qwen3-TTS repository (Qwen/Qwen3-TTS-12Hz-*): the model, Qwen's text tokenizer as published and
+# its codec in speech_tokenizer/ (named, since fnmatch's "*" also matches "/": nothing else nested)
+QWEN3TTS_PATTERNS = ["config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+                     "model.safetensors.index.json", "vocab.json", "merges.txt", "tokenizer.json",
+                     "tokenizer_config.json", "special_tokens_map.json", "preprocessor_config.json",
+                     "speech_tokenizer/config.json", "speech_tokenizer/model.safetensors",
+                     "speech_tokenizer/preprocessor_config.json"]
 # fnmatch's "*" also matches "/": keep subfolders (checkpoint-*/, global_step*/) out explicitly.
 IGNORE_PATTERNS = ["*/*"]
+KINDS = {"llama": (LLAMA_PATTERNS, IGNORE_PATTERNS), "snac": (SNAC_PATTERNS, IGNORE_PATTERNS),
+         "qwen3-tts": (QWEN3TTS_PATTERNS, ["*/*/*"])}
 
 
-def _patterns(kind: str) -> list[str]:
-    if kind not in ("llama", "snac"):
-        raise ValueError(f"kind must be 'llama' or 'snac', not {kind!r}")
-    return LLAMA_PATTERNS if kind == "llama" else SNAC_PATTERNS
+def _patterns(kind: str) -> tuple[list[str], list[str]]:
+    """(allow, ignore) patterns of ``kind``."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    return KINDS[kind]
 
 
 def _is_complete(path: Path, kind: str) -> bool:
@@ -36,7 +47,12 @@ def _is_complete(path: Path, kind: str) -> bool:
         return False
     if kind == "snac":
         return (path / "pytorch_model.bin").is_file() or (path / "model.safetensors").is_file()
-    if not (path / "tokenizer.json").is_file():
+    if kind == "qwen3-tts":
+        text = (path / "tokenizer.json").is_file() or all((path / n).is_file() for n in ("vocab.json", "merges.txt"))
+        codec = path / "speech_tokenizer"
+        if not (text and (codec / "config.json").is_file() and (codec / "model.safetensors").is_file()):
+            return False
+    elif not (path / "tokenizer.json").is_file():
         return False
     try:
         safetensors_files(path)
@@ -49,12 +65,13 @@ def _snapshot(repo_id: str, kind: str, revision: str, cache_dir: str | Path | No
     """``snapshot_download`` of the files Lyre needs from ``repo_id`` (top level only)."""
     from huggingface_hub import snapshot_download
 
+    allow, ignore = _patterns(kind)
     return Path(
         snapshot_download(
             repo_id,
             revision=revision,
-            allow_patterns=_patterns(kind),
-            ignore_patterns=IGNORE_PATTERNS,
+            allow_patterns=allow,
+            ignore_patterns=ignore,
             cache_dir=cache_dir,
             **kwargs,
         )
@@ -80,7 +97,7 @@ def download(
         RepositoryNotFoundError,
     )
 
-    setting = "model.path" if kind == "llama" else "codec.path"
+    setting = "codec.path" if kind == "snac" else "model.path"
 
     def unreachable(e: Exception) -> str:
         return (f"cannot download {repo_id}@{revision}: the Hugging Face hub is not reachable from here "

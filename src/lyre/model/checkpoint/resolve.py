@@ -75,6 +75,14 @@ DEMO_BANNER = """
 ************************************************************************************************"""
 
 
+def _cached(model: ModelSource, cache_dir: str | Path | None) -> Path | None:
+    """``model.hf_id``'s complete copy in the local cache: an Orpheus Llama, or (model.family auto or
+    qwen3-tts) a whole Qwen3-TTS checkpoint."""
+    family = getattr(model, "family", "auto")
+    kinds = {"orpheus": ["llama"], "qwen3-tts": ["qwen3-tts"]}.get(family, ["llama", "qwen3-tts"])
+    return next((p for k in kinds if (p := find_cached(model.hf_id, k, model.revision, cache_dir)) is not None), None)
+
+
 def resolve_model(
     model: ModelSource, codec: CodecSource, cache_dir: str | Path | None = None, create_demo: bool = True
 ) -> ResolvedModel:
@@ -86,7 +94,7 @@ def resolve_model(
         if demo.is_demo_llama(llama_dir):  # a demo of another shape (lyre checkpoint demo --shape): its SNAC is beside it
             is_demo, source = True, f"demo checkpoint {llama_dir.parent} (model.path)"
             log.warning(DEMO_BANNER.format(path=llama_dir.parent, hf_id=model.hf_id))
-    elif (cached := find_cached(model.hf_id, "llama", model.revision, cache_dir)) is not None:
+    elif (cached := _cached(model, cache_dir)) is not None:
         llama_dir, is_demo, source = cached, False, f"Hugging Face cache {model.hf_id}@{model.revision}"
     else:
         if not model.allow_demo:
