@@ -48,6 +48,7 @@ from lyre.audio.formats import FORMATS
 from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import isolation as isolation_bench
+from lyre.benchmarks import qwen as qwen_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
@@ -149,8 +150,34 @@ def build_parser() -> argparse.ArgumentParser:
     iso.add_argument("--nofile", type=int, default=1024, help="the server's RLIMIT_NOFILE, soft and hard (default 1024)")
     iso.add_argument("--quick", action="store_true", help="a small run (the test suite's): 3 syntheses per phase, "
                                                           "small attacks, RLIMIT_NOFILE at most 256")
+    family = p.add_argument_group("model family")
+    family.add_argument("--family", choices=["orpheus", "qwen3-tts"], default="orpheus",
+                        help="orpheus (default: the configured checkpoint) or qwen3-tts: every mode runs the "
+                             "Qwen3-TTS demo checkpoint of --shape (written to models/qwen3-demo-SHAPE if missing); "
+                             "--max-tokens then counts 80 ms frames (default 50)")
+    family.add_argument("--shape", choices=["tiny", "small"], default="tiny",
+                        help="qwen3-tts: tiny (the demo) or small (the real code predictor's depth at half width, a "
+                             "third of the talker's layers at half width)")
+    family.add_argument("--no-peer", action="store_true", help="--mode engine --family qwen3-tts: without the qwen_tts "
+                                                              "reference run")
     p.add_argument("--output", type=Path, help="write every figure, the settings and the machine as JSON")
     return p
+
+
+def _family(args: argparse.Namespace, say) -> Path | None:
+    """With --family qwen3-tts: the demo checkpoint of --shape (written first if missing), served by
+    every mode through --set overrides; None for orpheus."""
+    if args.family == "orpheus":
+        return None
+    from lyre.family.qwen3tts import demo as qwen_demo
+
+    path = Path(__file__).resolve().parent / "models" / f"qwen3-demo-{args.shape}"
+    if not qwen_demo.demo_is_current(path, shape=args.shape):
+        say(f"writing the Qwen3-TTS demo checkpoint ({args.shape}) to {path} ...")
+    qwen_demo.ensure_demo(path, shape=args.shape)
+    args.overrides = [*(args.overrides or []), f"model.path={path}", "codec.path=null", "model.backend=torch"]
+    args.max_tokens = args.max_tokens or 50
+    return path
 
 
 def main(argv=None) -> int:
@@ -161,8 +188,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
+        qwen_dir = _family(args, say)
         cfg = config_from_args(args)
-        if args.mode == "engine":
+        if args.mode == "engine" and qwen_dir is not None:
+            result = qwen_bench.run(qwen_dir, args.concurrency or [1, 4, 8, 16], args.max_tokens, peer=not args.no_peer,
+                                    progress=say)
+            text = qwen_bench.table(result)
+        elif args.mode == "engine":
             model_dir = args.checkpoint or checkpoint.resolve_model(cfg.model, cfg.codec).llama_dir
             result = engine_bench.run(cfg, model_dir, args.concurrency or [1, 4, 16], args.max_tokens or 256,
                                       args.baseline_requests, progress=say, slot_order=args.slot_order,

@@ -128,3 +128,30 @@ def test_watermark_mode_reports_detection_false_positives_and_cost(bench, tmp_pa
     else:
         assert "espeak-ng is not installed" in run.stdout
     assert "marking costs" in run.stdout and "mu-law 8k" in run.stdout
+
+
+def test_engine_mode_runs_qwen3_tts_beside_its_reference_implementation(bench, tmp_path):
+    out_file = tmp_path / "qwen.json"
+    run = bench("--mode", "engine", "--family", "qwen3-tts", "--concurrency", "1,2", "--max-tokens", "6",
+                "--output", str(out_file))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    assert result["frames"] == 6 and [lv["streams"] for lv in result["levels"]] == [1, 2]
+    for lv in result["levels"]:
+        assert lv["audio_s_per_wall_s"] > 0 and 0 < lv["first_audio_ms_p50"] <= lv["first_audio_ms_max"]
+        assert 0 < lv["cp_share"] < 1 and lv["cp_s_per_step"] > 0
+        peer = lv["peer"]  # QwenLM's qwen_tts on the same checkpoint and texts
+        assert peer["audio_s_per_wall_s"] > 0 and len(peer["frames"]) == lv["streams"]
+        assert all(1 <= f <= 6 for f in peer["frames"])
+    assert result["cp_batching"] > 0
+    assert "peer first audio ms" in run.stdout and "(goal <= 3)" in run.stdout
+
+
+def test_service_mode_runs_the_qwen3_tts_family(bench, tmp_path):
+    out_file = tmp_path / "service.json"
+    run = bench("--mode", "service", "--family", "qwen3-tts", "--concurrency", "2", "--max-tokens", "5",
+                "--policies", "fair", "--output", str(out_file))
+    assert run.returncode == 0, run.stderr
+    (level,) = json.loads(out_file.read_text())["runs"][0]["levels"]
+    assert level["concurrency"] == 2 and level["ttfb_ms_p50"] > 0 and level["audio_s_per_wall_s"] > 0
+    assert level["decoded_per_emitted"] == 1.0  # the 12 Hz decoder: each frame decoded once

@@ -130,3 +130,15 @@ def test_websocket_and_grpc_take_language_and_instructions_too(server):
             list(stub.StreamingSynthesize(iter([tts_pb2.StreamingSynthesizeRequest(config=config),
                                                 tts_pb2.StreamingSynthesizeRequest(text="Hello.")])))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "instructions" in e.value.details()
+
+
+def test_the_torch_12hz_codec_decodes_on_the_engine_thread_unless_asked_otherwise(server):
+    # (codec.overlap auto hands a CPU runtime of its own, onnxruntime, a thread; the 12 Hz codec runs on
+    # torch, whose decode would only wait a step for the engine's on another thread: every chunk a step later)
+    from lyre.service.runtime import cpu_split
+
+    assert server.service.scheduler.audio._overlap is None
+    cfg = server.service.config
+    assert not cpu_split(cfg, "cpu", codec_runtime="torch").overlap
+    on = cfg.model_copy(update={"codec": cfg.codec.model_copy(update={"overlap": "on"})})
+    assert cpu_split(on, "cpu", codec_runtime="torch").overlap

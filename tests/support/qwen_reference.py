@@ -3,9 +3,8 @@ setup.sh without its dependencies), importable in the test environment, and tiny
 built from its own classes (no download: the constructors take configs only), so that Lyre's
 Qwen3-TTS code can be judged against the reference token for token (issue 31).
 
-Importing ``qwen_tts`` also imports its 25 Hz tokenizer, which needs ``torchaudio`` and ``sox`` at
-import time although nothing here runs it: both are stubbed, after transformers is imported
-(transformers probes torchaudio's module spec). The tiny configs follow the real checkpoints'
+``import_qwen_tts`` (the benchmark's peer module) stubs the modules only its 25 Hz tokenizer needs.
+The tiny configs follow the real checkpoints'
 layout (``../shared/research/qwen3-tts.md`` §1, §10): the real codec special ids, languages and
 speaker ids (the class defaults are wrong), 16 code groups, a 3072-id codec vocabulary whose last
 1024 ids the reference suppresses, M-RoPE sections summing to half the head dim.
@@ -13,12 +12,11 @@ speaker ids (the class defaults are wrong), 16 code groups, a 3072-id codec voca
 
 from __future__ import annotations
 
-import importlib.machinery
-import sys
-import types
 from typing import Any
 
 import torch
+
+from lyre.benchmarks.peer.qwen_tts import import_qwen_tts
 
 # the real checkpoints' control ids (config.json; the classes' defaults are outside the vocabulary)
 CODEC_IDS = {"codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154,
@@ -28,29 +26,6 @@ SPEAKERS = {"vivian": 3065, "ryan": 3061, "eric": 2875}  # eric: a dialect speak
 DIALECT = {"vivian": False, "ryan": False, "eric": "sichuan_dialect"}
 TEXT_VOCAB = 151936
 IM_START, IM_END, ASSISTANT, NEWLINE = 151644, 151645, 77091, 198
-
-
-def _stub(name: str) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    sys.modules[name] = module
-    return module
-
-
-def import_qwen_tts() -> types.ModuleType:
-    """``qwen_tts``, with the modules only its 25 Hz tokenizer needs stubbed."""
-    if "qwen_tts" not in sys.modules:
-        import transformers  # noqa: F401 - before the stubs (it reads torchaudio's spec)
-
-        if "torchaudio" not in sys.modules:
-            audio = _stub("torchaudio")
-            audio.compliance = _stub("torchaudio.compliance")
-            audio.compliance.kaldi = _stub("torchaudio.compliance.kaldi")
-        if "sox" not in sys.modules:
-            _stub("sox")
-    import qwen_tts
-
-    return qwen_tts
 
 
 def tiny_config(model_type: str = "custom_voice", hidden: int = 64, layers: int = 2) -> Any:

@@ -15,18 +15,21 @@ from typing import Any
 
 from lyre.benchmarks.figures import codec_figures, percentile
 from lyre.config import LyreConfig, apply_overrides
-from lyre.model.sample_texts import TEXT_SETS
+from lyre.model.sample_texts import TEXT_SETS, without_tags
 from lyre.service.tts import TTSService
 
 TEXTS = TEXT_SETS["conversational"]
 
 
-async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
+async def _one_stream(tts: TTSService, i: int, max_tokens: int) -> dict[str, Any]:
     t0 = time.monotonic()
     first = None
     audio_before = 0.0
     late = 0
-    async for chunk in tts.stream(TEXTS[i % len(TEXTS)], voice=tts.builtin_voices[i % len(tts.builtin_voices)], seed=i):
+    text = TEXTS[i % len(TEXTS)] if tts.family.name == "orpheus" else without_tags(TEXTS[i % len(TEXTS)])
+    # (every stream max_tokens long: end of speech held back; Qwen3-TTS counts frames, within its text's cap)
+    async for chunk in tts.stream(text, voice=tts.builtin_voices[i % len(tts.builtin_voices)], seed=i,
+                                  max_tokens=max_tokens, min_tokens=max_tokens):
         now = time.monotonic()
         if first is None:
             first = now
@@ -37,11 +40,11 @@ async def _one_stream(tts: TTSService, i: int) -> dict[str, Any]:
             "elapsed_s": time.monotonic() - t0}
 
 
-async def _level(tts: TTSService, n: int) -> dict[str, Any]:
+async def _level(tts: TTSService, n: int, max_tokens: int) -> dict[str, Any]:
     await tts.on_engine_thread(tts.scheduler.publish)
     before = tts.stats().as_dict()
     t0 = time.monotonic()
-    streams = await asyncio.gather(*[_one_stream(tts, i) for i in range(n)])
+    streams = await asyncio.gather(*[_one_stream(tts, i, max_tokens) for i in range(n)])
     wall = time.monotonic() - t0
     await tts.on_engine_thread(tts.scheduler.publish)
     after = tts.stats().as_dict()
@@ -57,13 +60,14 @@ async def _level(tts: TTSService, n: int) -> dict[str, Any]:
     }
 
 
-async def _run_one(cfg: LyreConfig, concurrency: list[int], progress) -> list[dict[str, Any]]:
+async def _run_one(cfg: LyreConfig, concurrency: list[int], max_tokens: int, progress) -> list[dict[str, Any]]:
     async with TTSService(cfg) as tts:
         await tts.synthesize("warm up", seed=0)
         levels = []
         for n in concurrency:
-            progress(f"service ({cfg.scheduler.policy}, {cfg.codec.mode}): {n} concurrent streams ...")
-            levels.append(await _level(tts, n))
+            progress(f"service ({tts.family.name}, {cfg.scheduler.policy}, {cfg.codec.mode}): {n} concurrent "
+                     f"streams ...")
+            levels.append(await _level(tts, n, max_tokens))
         return levels
 
 
@@ -81,7 +85,7 @@ def run(cfg: LyreConfig, concurrency: list[int], policies: list[str], max_tokens
                 "sampling.min_tokens": max_tokens,
                 "scheduler.max_concurrent_sessions": max(top, cfg.scheduler.max_concurrent_sessions),
             })
-            levels = asyncio.run(_run_one(pcfg, concurrency, progress))
+            levels = asyncio.run(_run_one(pcfg, concurrency, max_tokens, progress))
             result["runs"].append({"policy": policy, "codec_mode": mode, "levels": levels})
     result["settings"] = {"max_batch_size": cfg.scheduler.max_batch_size,
                           "flush_first_n_tokens": cfg.scheduler.flush_first_n_tokens,

@@ -24,3 +24,10 @@ TEXT_SETS = {
         "every day, until it becomes part of who you are.",
     ],
 }
+
+
+def without_tags(text: str) -> str:
+    """``text`` without Orpheus's inline emotion tags (for a family that would read them aloud)."""
+    import re
+
+    return " ".join(re.sub(r"<[a-z]+>", " ", text).split())

@@ -126,7 +126,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     try:
         if family.name == "qwen3-tts":
             engine, engine_device, description = families.qwen_engine(cfg, model)
-            split = cpu_split(cfg, _codec_device(cfg, engine_device))
+            split = cpu_split(cfg, _codec_device(cfg, engine_device), codec_runtime="torch")
             codec = families.qwen_codec(cfg, model, _codec_device(cfg, engine_device), shared)
             snac = None  # (no voice cloning on this family yet)
         elif choice.name == "trtllm":
@@ -254,15 +254,18 @@ def _engine_threads(cfg: LyreConfig) -> int:
     return cfg.model.cpu_threads or max(1, (os.cpu_count() or 2) // 2)
 
 
-def cpu_split(cfg: LyreConfig, codec_device: str) -> CpuSplit:
+def cpu_split(cfg: LyreConfig, codec_device: str, codec_runtime: str | None = None) -> CpuSplit:
     """How the engine and the codec share the CPU. With a CPU runtime of its own (onnxruntime,
     openvino) the codec decodes on its own thread while the engine steps (``codec.overlap: auto``):
-    onnxruntime on every core (``codec.cpu_threads: 0``), openvino on the cores the engine leaves."""
+    onnxruntime on every core (``codec.cpu_threads: 0``), openvino on the cores the engine leaves.
+    ``codec_runtime``: the runtime the family's codec runs on, when it is not ``codec.runtime``'s
+    choice (Qwen3-TTS's 12 Hz codec: torch)."""
     cores = os.cpu_count() or 2
     engine_threads = _engine_threads(cfg)
     c = cfg.codec
+    own_runtime = _cpu_runtime(c.runtime, codec_device) if codec_runtime is None else codec_runtime != "torch"
     overlap = c.overlap == "on" or (c.overlap == "auto" and (codec_device == "cuda" or (
-        c.mode == "stream" and cores >= 2 and _cpu_runtime(c.runtime, codec_device))))
+        c.mode == "stream" and cores >= 2 and own_runtime)))
     # onnxruntime splits a round across the cores (the engine thread waits on the GIL or for work
     # much of a step); openvino's one call per round keeps to the cores the engine leaves
     shared = not (overlap and _resolved(c.runtime, codec_device) == "openvino")

@@ -27,8 +27,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
     p_demo.add_argument("--force", action="store_true", help="rewrite even when an up-to-date demo is there")
     p_demo.add_argument("--family", choices=("orpheus", "qwen3-tts"), default="orpheus",
                         help="orpheus (default: DIR gets llama/ and snac/) or qwen3-tts (DIR is a Qwen3-TTS "
-                        "CustomVoice checkpoint at a tiny size, speech_tokenizer/ inside; --shape does not apply); "
-                        "serve it with --set model.path=DIR")
+                        "CustomVoice checkpoint, speech_tokenizer/ inside; --shape tiny or small: the real code "
+                        "predictor's depth at half width, a third of the talker); serve it with --set model.path=DIR")
 
     p_dl = sub.add_parser("download", help="download the configured model and codec into the Hugging Face cache")
     add_config_arguments(p_dl)
@@ -47,9 +47,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
         if args.command == "demo" and args.family == "qwen3-tts":
             from lyre.family.qwen3tts import demo as qwen_demo
 
-            if args.force or not qwen_demo.demo_is_current(args.dir, args.seed):
-                qwen_demo.write_demo(args.dir, args.seed)
-                print(f"wrote the Qwen3-TTS demo checkpoint to {args.dir} (random weights: its audio is noise); "
+            if args.shape not in qwen_demo.SHAPES:
+                print(f"error: --family qwen3-tts takes --shape {' or '.join(qwen_demo.SHAPES)}", file=sys.stderr)
+                return 2
+            if args.force or not qwen_demo.demo_is_current(args.dir, args.seed, args.shape):
+                qwen_demo.write_demo(args.dir, args.seed, args.shape)
+                print(f"wrote the Qwen3-TTS demo checkpoint ({args.shape}) to {args.dir} (random weights: noise); "
                       f"serve it with --set model.path={args.dir}")
             else:
                 print(f"the Qwen3-TTS demo checkpoint at {args.dir} is up to date")

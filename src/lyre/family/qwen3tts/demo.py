@@ -19,7 +19,7 @@ from lyre.family.qwen3tts.tokenizer import SPLIT_PATTERN, byte_level_bpe
 from lyre.model.demo import _CORPUS, MARKER, replaced_directory
 from lyre.model.qwen3tts import CODE_GROUPS, CODES
 
-DEMO_FORMAT = 1
+DEMO_FORMAT = 2
 TEXT_VOCAB = 151936
 # the released checkpoints' ids (config.json; research §1)
 CODEC_IDS = {"codec_pad_id": 2148, "codec_bos_id": 2149, "codec_eos_token_id": 2150, "codec_think_id": 2154,
@@ -37,6 +37,16 @@ TALKER = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_a
 CODE_PREDICTOR = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16)
 TEXT_HIDDEN = 32
+# shape -> (talker, code predictor, text hidden). tiny: a step costs almost nothing (tests, quick start);
+# small: the real code predictor's depth and head layout at half the width, a third of the talker's
+# layers at half its width: the 15-pass loop's cost against the talker's, in proportion, on a CPU
+SHAPES = {
+    "tiny": (TALKER, CODE_PREDICTOR, TEXT_HIDDEN),
+    "small": (dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                   num_key_value_heads=4, head_dim=64),
+              dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=5, num_attention_heads=8,
+                   num_key_value_heads=4, head_dim=64), 64),
+}
 DECODER = dict(codebook_size=CODES, codebook_dim=32, latent_dim=32, hidden_size=32, intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=2, sliding_window=72,
                num_quantizers=CODE_GROUPS, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=64)
@@ -53,14 +63,17 @@ Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, so Lyre serves it as it would the real mod
 """
 
 
-def demo_config() -> dict[str, Any]:
-    """config.json as the reference's ``save_pretrained`` writes it, at the demo's size."""
+def demo_config(shape: str = "tiny") -> dict[str, Any]:
+    """config.json as the reference's ``save_pretrained`` writes it, in ``shape`` (:data:`SHAPES`)."""
+    talker_shape, cp_shape, text_hidden = _shape(shape)
     decoder = lambda d: dict(d, rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",  # noqa: E731
                              max_position_embeddings=32768, attention_bias=False, use_sliding_window=False)
-    talker = dict(decoder(TALKER), vocab_size=3072, num_code_groups=CODE_GROUPS, text_hidden_size=TEXT_HIDDEN,
+    half = talker_shape["head_dim"] // 2
+    talker = dict(decoder(talker_shape), vocab_size=3072, num_code_groups=CODE_GROUPS, text_hidden_size=text_hidden,
                   text_vocab_size=TEXT_VOCAB, model_type="qwen3_tts_talker",
-                  rope_scaling={"mrope_section": [8, 4, 4], "interleaved": True, "rope_type": "default"},
-                  code_predictor_config=dict(decoder(CODE_PREDICTOR), vocab_size=CODES, num_code_groups=CODE_GROUPS),
+                  rope_scaling={"mrope_section": [half // 2, half // 4, half - half // 2 - half // 4],
+                                "interleaved": True, "rope_type": "default"},
+                  code_predictor_config=dict(decoder(cp_shape), vocab_size=CODES, num_code_groups=CODE_GROUPS),
                   spk_id=SPEAKERS, spk_is_dialect={s: DIALECTS.get(s, False) for s in SPEAKERS},
                   codec_language_id=LANGUAGES, **CODEC_IDS)
     return {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
@@ -84,35 +97,43 @@ def _decoder_weights(d: dict[str, int], prefix: str) -> dict[str, tuple[int, ...
     return shapes
 
 
-def weight_shapes() -> dict[str, tuple[int, ...]]:
-    """Every tensor of the demo's model.safetensors, by the reference's names."""
-    h, cp = TALKER["hidden_size"], CODE_PREDICTOR["hidden_size"]
-    shapes = _decoder_weights(TALKER, "talker.model.") | _decoder_weights(CODE_PREDICTOR, "talker.code_predictor.model.")
+def _shape(shape: str) -> tuple[dict[str, int], dict[str, int], int]:
+    if shape not in SHAPES:
+        raise ValueError(f"unknown Qwen3-TTS demo shape {shape!r}: one of {', '.join(SHAPES)}")
+    return SHAPES[shape]
+
+
+def weight_shapes(shape: str = "tiny") -> dict[str, tuple[int, ...]]:
+    """Every tensor of the demo's model.safetensors in ``shape``, by the reference's names."""
+    talker, predictor, text_hidden = _shape(shape)
+    h, cp = talker["hidden_size"], predictor["hidden_size"]
+    shapes = _decoder_weights(talker, "talker.model.") | _decoder_weights(predictor, "talker.code_predictor.model.")
     shapes |= {"talker.model.codec_embedding.weight": (3072, h), "talker.codec_head.weight": (3072, h),
-               "talker.model.text_embedding.weight": (TEXT_VOCAB, TEXT_HIDDEN),
-               "talker.text_projection.linear_fc1.weight": (TEXT_HIDDEN, TEXT_HIDDEN),
-               "talker.text_projection.linear_fc1.bias": (TEXT_HIDDEN,),
-               "talker.text_projection.linear_fc2.weight": (h, TEXT_HIDDEN),
-               "talker.text_projection.linear_fc2.bias": (h,),
-               "talker.code_predictor.small_to_mtp_projection.weight": (cp, h),
-               "talker.code_predictor.small_to_mtp_projection.bias": (cp,)}
+               "talker.model.text_embedding.weight": (TEXT_VOCAB, text_hidden),
+               "talker.text_projection.linear_fc1.weight": (text_hidden, text_hidden),
+               "talker.text_projection.linear_fc1.bias": (text_hidden,),
+               "talker.text_projection.linear_fc2.weight": (h, text_hidden),
+               "talker.text_projection.linear_fc2.bias": (h,)}
+    if cp != h:  # (the reference's projection is an identity where the widths agree: no weights)
+        shapes |= {"talker.code_predictor.small_to_mtp_projection.weight": (cp, h),
+                   "talker.code_predictor.small_to_mtp_projection.bias": (cp,)}
     for j in range(CODE_GROUPS - 1):
         shapes[f"talker.code_predictor.model.codec_embedding.{j}.weight"] = (CODES, h)
         shapes[f"talker.code_predictor.lm_head.{j}.weight"] = (CODES, cp)
     return shapes
 
 
-def random_weights(seed: int) -> dict[str, torch.Tensor]:
+def random_weights(seed: int, shape: str = "tiny") -> dict[str, torch.Tensor]:
     """Seeded random weights: norms at one, biases at zero, the rest N(0, 0.02) as the reference initialises."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape in sorted(weight_shapes().items()):
+    for name, size in sorted(weight_shapes(shape).items()):
         if name.endswith("norm.weight"):
-            out[name] = torch.ones(shape)
+            out[name] = torch.ones(size)
         elif name.endswith(".bias"):
-            out[name] = torch.zeros(shape)
+            out[name] = torch.zeros(size)
         else:
-            out[name] = torch.randn(shape, generator=g) * 0.02
+            out[name] = torch.randn(size, generator=g) * 0.02
     return out
 
 
@@ -133,12 +154,13 @@ def demo_tokenizer() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return model["vocab"], merges
 
 
-def write_demo(out_dir: Path, seed: int = 0) -> Path:
-    """Write the demo checkpoint to ``out_dir``, replacing it atomically."""
+def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny") -> Path:
+    """Write the demo checkpoint in ``shape`` to ``out_dir``, replacing it atomically."""
+    config = demo_config(shape)
     with replaced_directory(out_dir) as tmp:
-        _json(tmp / "config.json", demo_config())
+        _json(tmp / "config.json", config)
         _json(tmp / "generation_config.json", GENERATION)
-        save_file(random_weights(seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(random_weights(seed, shape), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         vocab, merges = demo_tokenizer()
         vocab = dict(vocab) | {text: i for i, text in SPECIAL_TOKENS.items()}
         byte_level_bpe(vocab, merges, SPECIAL_TOKENS)  # (it builds: the files say what they should)
@@ -149,7 +171,7 @@ def write_demo(out_dir: Path, seed: int = 0) -> Path:
             "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768})
         write_speech_tokenizer(tmp / "speech_tokenizer", seed)
         (tmp / "README.md").write_text(_README)
-        _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts"})
+        _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts", "shape": shape})
     return Path(out_dir)
 
 
@@ -169,12 +191,20 @@ def write_speech_tokenizer(out_dir: Path, seed: int) -> Path:
     return out_dir
 
 
-def demo_is_current(out_dir: Path, seed: int = 0) -> bool:
+def demo_is_current(out_dir: Path, seed: int = 0, shape: str = "tiny") -> bool:
     try:
         marker = json.loads((Path(out_dir) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return marker.get("format") == DEMO_FORMAT and marker.get("seed") == seed and marker.get("family") == "qwen3-tts"
+    return (marker.get("format"), marker.get("seed"), marker.get("family"), marker.get("shape", "tiny")) == (
+        DEMO_FORMAT, seed, "qwen3-tts", shape)
+
+
+def ensure_demo(out_dir: Path, seed: int = 0, shape: str = "tiny") -> Path:
+    """The demo at ``out_dir``, written first unless an up-to-date one of this seed and shape is there."""
+    if not demo_is_current(out_dir, seed, shape):
+        write_demo(out_dir, seed, shape)
+    return Path(out_dir)
 
 
 def is_demo(model_dir: Path) -> bool:
