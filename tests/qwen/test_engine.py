@@ -169,3 +169,15 @@ def test_requests_that_can_never_run_are_refused_and_hold_no_slot(engine):
                          "": {}}.items():
         with pytest.raises(ValueError, match="speaker|language|empty"):
             build_prompt(cfg, [] if not what else TEXTS[0], **kwargs)
+
+
+def test_under_a_float16_talker_the_code_predictor_stays_float32(reference, tmp_path):
+    """float16 gives the code predictor NaN logits (ports that tried it): it is kept in float32."""
+    reference.save_pretrained(tmp_path)
+    engine = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=64,
+                                                                    dtype=torch.float16, kv_dtype=torch.float16))
+    assert engine.talker.decoder.lm_head_t.dtype == torch.float16
+    assert {p.dtype for p in engine.talker.code_predictor.parameters()} == {torch.float32}
+    assert engine.sampler.kv.k.dtype == torch.float32
+    got, reasons = run(engine, [greedy(engine, "h", TEXTS[0], frames=6)])
+    assert reasons["h"] == "length" and ((0 <= got["h"]) & (got["h"] < 2048)).all()

@@ -39,7 +39,7 @@ class QwenEngine(TorchEngine):
     def __init__(self, talker: Talker, config: TorchEngineConfig):
         super().__init__(talker.decoder, config)
         self.talker = talker
-        self.sampler = FrameSampler(talker, config.slots, self.device, config.dtype)
+        self.sampler = FrameSampler(talker, config.slots, self.device)
         with torch.inference_mode():
             self.pad_row = talker.text_rows(upload([talker.cfg.text.tts_pad], self.device))[0]  # (H,)
 

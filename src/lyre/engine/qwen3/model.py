@@ -60,11 +60,11 @@ class Talker(nn.Module):
 
     def frame_rows(self, codes: torch.Tensor) -> torch.Tensor:
         """(B, 16) codes of a frame -> (B, H): codebook 0's codec embedding plus the code predictor's
-        embeddings of codebooks 1-15 (the codec track of the next decode step)."""
-        rows = self.decoder.embed(codes[:, 0])
+        embeddings of codebooks 1-15 (the codec track of the next decode step), in the talker's dtype."""
+        rows = self.decoder.embed(codes[:, 0]).float()
         for j, table in enumerate(self.code_predictor.embeddings):
-            rows = rows + table(codes[:, j + 1])
-        return rows
+            rows = rows + table(codes[:, j + 1]).float()
+        return rows.to(self.text_fc2.weight.dtype)
 
 
 class FrameKV:
@@ -109,8 +109,13 @@ class CodePredictor(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)  # (16, hd)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype  # (float32 under a float16 talker)
+
     def forward(self, x: torch.Tensor, kv: FrameKV, start: int) -> torch.Tensor:
         """x (B, q, talker H) rows at positions start.. -> (B, Hcp): the last row's normed hidden state."""
+        x = x.to(self.dtype)
         if self.projection is not None:
             x = self.projection(x)
         end = start + x.shape[1]
@@ -158,6 +163,8 @@ def load_qwen3tts(cfg: Qwen3TTSConfig, weights: dict[str, torch.Tensor], max_seq
     state.update(layer_state(weights, cfg.code_predictor, cp + "model.layers.", "code_predictor.layers."))
     state.update({f"decoder.{k}": v for k, v in decoder.state_dict().items()})
     model.load_state_dict(state, strict=True)
+    if dtype == torch.float16:  # float16 gives the code predictor NaN logits (research §11.4): float32 it is
+        model.code_predictor.float()
     cos, sin = rope_tables(cfg.code_predictor, CODE_GROUPS)  # float32; buffers do not survive to_empty
     model.code_predictor.rope_cos, model.code_predictor.rope_sin = cos.to(device), sin.to(device)
     return model.eval().requires_grad_(False)

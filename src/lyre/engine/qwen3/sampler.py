@@ -31,9 +31,9 @@ class Frame:
 
 
 class FrameSampler:
-    def __init__(self, model: Talker, batch: int, device: torch.device, dtype: torch.dtype):
+    def __init__(self, model: Talker, batch: int, device: torch.device):
         self.model, self.device = model, device
-        self.kv = FrameKV(model.cfg.code_predictor, batch, dtype, device)  # allocated once
+        self.kv = FrameKV(model.cfg.code_predictor, batch, model.code_predictor.dtype, device)  # allocated once
         vocab, eos = model.cfg.talker.vocab_size, model.cfg.codec.eos
         suppress = torch.zeros(vocab)
         suppress[CODES:] = float("-inf")  # control, language and speaker ids are never sampled...
