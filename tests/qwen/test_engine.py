@@ -181,3 +181,48 @@ def test_under_a_float16_talker_the_code_predictor_stays_float32(reference, tmp_
     assert engine.sampler.kv.k.dtype == torch.float32
     got, reasons = run(engine, [greedy(engine, "h", TEXTS[0], frames=6)])
     assert reasons["h"] == "length" and ((0 <= got["h"]) & (got["h"] < 2048)).all()
+
+
+def test_a_sampled_run_has_the_references_logits_at_every_draw(reference, engine, monkeypatch):
+    """Sampled at both levels with the reference's defaults (temperature 0.9, top-k 50, penalty 1.05):
+    the reference, made to draw what Lyre drew, computes the same logits at every one of its draws
+    (the talker's codebook 0 each frame, the code predictor's codebooks 1-15): the same distribution
+    at every step, whatever was sampled."""
+    frames = 8
+    prompt = build_prompt(engine.talker.cfg, TEXTS[1], speaker="ryan", language="english")
+    request = FrameRequest("s", [], sampling=talker_sampling(engine.talker.cfg, seed=11, max_tokens=frames),
+                           prompt=prompt, record_logits=True)
+    ours_cp: list[torch.Tensor] = []
+    cp = engine.talker.code_predictor
+    logits = cp.logits
+    monkeypatch.setattr(cp, "logits", lambda h, j: ours_cp.append(out := logits(h, j)) or out)
+    assert engine.add(request)
+    codes, ours_c0 = [], []
+    while engine.has_work():
+        for d in engine.step():
+            codes += d.token_ids
+            if d.logits is not None:
+                ours_c0.append(d.logits[0])
+    monkeypatch.undo()
+    codes = torch.tensor(codes).view(frames, 16)
+
+    # the reference draws Lyre's codes, in the order it draws (c0 of frame 0, c1-15 of frame 0, c0 of frame 1, ...)
+    forced = [int(c) for frame in codes for c in frame] + [2150]
+    theirs_c0, theirs_cp = [], []
+    heads = [reference.talker.codec_head, *reference.talker.code_predictor.lm_head]
+    hooks = [head.register_forward_hook(lambda m, i, out, k=k: (theirs_c0 if k == 0 else theirs_cp).append(out[0, -1]))
+             for k, head in enumerate(heads)]
+    monkeypatch.setattr(torch, "multinomial", lambda probs, num_samples: torch.tensor([[forced.pop(0)]]))
+    try:
+        reference.generate(input_ids=[target_ids(TEXTS[1])], languages=["english"], speakers=["ryan"],
+                           non_streaming_mode=False, max_new_tokens=frames + 1)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert not forced  # every draw was one of Lyre's
+    assert len(theirs_c0) == frames + 1 and len(ours_c0) == frames
+    for step, (a, b) in enumerate(zip(ours_c0, theirs_c0, strict=False)):
+        assert torch.allclose(a, b.float(), atol=1e-4, rtol=1e-4), f"codebook 0 of frame {step}"
+    assert len(ours_cp) == len(theirs_cp) == 15 * frames
+    for i, (a, b) in enumerate(zip(ours_cp, theirs_cp, strict=True)):
+        assert torch.allclose(a[0], b.float(), atol=1e-4, rtol=1e-4), f"codebook {i % 15 + 1} of frame {i // 15}"
