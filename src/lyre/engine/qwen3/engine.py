@@ -39,7 +39,8 @@ class QwenEngine(TorchEngine):
     def __init__(self, talker: Talker, config: TorchEngineConfig):
         super().__init__(talker.decoder, config)
         self.talker = talker
-        self.sampler = FrameSampler(talker, config.slots, self.device)
+        # (the code predictor's 15-pass loop: one CUDA graph per batch bucket on a GPU, eager elsewhere)
+        self.sampler = FrameSampler(talker, config.slots, self.device, graphs=self.device.type == "cuda")
         with torch.inference_mode():
             self.pad_row = talker.text_rows(upload([talker.cfg.text.tts_pad], self.device))[0]  # (H,)
 

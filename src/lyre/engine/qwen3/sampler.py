@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from lyre.engine.qwen3.model import PASSES, FrameKV, Talker
+from lyre.engine.qwen3.model import FrameKV, Talker
+from lyre.engine.qwen3.predictor import FrameLoop, RowSampling
 from lyre.engine.qwen3.request import FrameSequence
 from lyre.engine.torch.constrained import history_cols
 from lyre.engine.torch.sampling import SamplingBatch, apply_repetition_penalty, draw
@@ -31,9 +32,10 @@ class Frame:
 
 
 class FrameSampler:
-    def __init__(self, model: Talker, batch: int, device: torch.device):
+    def __init__(self, model: Talker, batch: int, device: torch.device, graphs: bool = False):
         self.model, self.device = model, device
         self.kv = FrameKV(model.cfg.code_predictor, batch, model.code_predictor.dtype, device)  # allocated once
+        self.loop = FrameLoop(model, self.kv, graphs=graphs)  # one CUDA graph per batch bucket on a GPU
         vocab, eos = model.cfg.talker.vocab_size, model.cfg.codec.eos
         suppress = torch.zeros(vocab)
         suppress[CODES:] = float("-inf")  # control, language and speaker ids are never sampled...
@@ -75,20 +77,7 @@ class FrameSampler:
         return d.finish(to_host(d.cols))
 
     def predict(self, seqs: list[FrameSequence], hidden: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
-        """Codebooks 1-15 for each row: (B, 16) codes. ``hidden`` (B, H): the talker's last normed
-        hidden state; ``c0`` (B,): codebook 0. The first pass reads both (positions 0-1), each
-        later pass the code just drawn (position 2..15), over the frame-local K/V."""
-        cp = self.model.code_predictor
-        params = SamplingBatch([s.request.code_sampling.temperature for s in seqs],
-                               [s.request.code_sampling.top_k for s in seqs],
-                               [s.request.code_sampling.top_p for s in seqs], [s.generator for s in seqs])
-        x = torch.stack([hidden, self.model.decoder.embed(c0)], dim=1)  # (B, 2, H)
-        h = cp(x, self.kv, 0)  # (B, Hcp)
-        codes = [c0]
-        for codebook in range(1, PASSES + 1):
-            d = draw(cp.logits(h, codebook), params)
-            col = d.cols if d.probs is None else upload(d.finish(to_host(d.cols)), self.device)  # (B,)
-            codes.append(col)
-            if codebook < PASSES:
-                h = cp(cp.embeddings[codebook - 1](col)[:, None], self.kv, codebook + 1)
-        return torch.stack(codes, dim=1)
+        """Codebooks 1-15 for each row: (B, 16) codes (:mod:`lyre.engine.qwen3.predictor`). ``hidden``
+        (B, H): the talker's last normed hidden state; ``c0`` (B,): codebook 0."""
+        rows = RowSampling.of([s.request.code_sampling for s in seqs], [s.generator for s in seqs], self.device)
+        return self.loop(hidden, c0, rows)

@@ -1,0 +1,81 @@
+"""The code predictor's frame loop (``lyre.engine.qwen3.predictor``): sampling decided on the device
+from per-row tensors, as a CUDA graph needs, follows each row's own rule (greedy, top-k, nucleus);
+the loop written for capture runs eagerly here, and a capture that cannot happen (no GPU) leaves the
+loop eager with the same codes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from lyre.engine.qwen3.engine import QwenEngine
+from lyre.engine.qwen3.predictor import FrameLoop, RowSampling, frame_codes, sample_rows, shortlist
+from lyre.engine.qwen3.request import CodeSampling
+from lyre.engine.torch.engine import TorchEngineConfig
+from tests.support.qwen_reference import tiny_model
+
+
+def draws(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, n: int = 2000) -> torch.Tensor:
+    """The code each of ``n`` evenly spaced uniforms picks from one row of ``logits``."""
+    rows = logits.expand(n, -1)
+    u = (torch.arange(n) + 0.5) / n
+    return sample_rows(rows, torch.full((n,), temperature), torch.full((n,), top_k), torch.full((n,), top_p), u)
+
+
+def test_each_row_follows_its_own_rule():
+    logits = torch.tensor([[2.0, 1.0, 0.5, 3.0, -1.0, 0.0]])
+    probs = logits.softmax(-1)[0]
+    assert set(draws(logits, 0.0, 50, 1.0).tolist()) == {3}  # greedy
+    assert set(draws(logits, 1.0, 1, 1.0).tolist()) == {3}  # top-k 1
+    top3 = draws(logits, 1.0, 3, 1.0)
+    assert set(top3.tolist()) == {3, 0, 1}
+    kept = probs[[3, 0, 1]] / probs[[3, 0, 1]].sum()  # the k best, renormalised
+    got = torch.stack([(top3 == c).float().mean() for c in (3, 0, 1)])
+    assert torch.allclose(got, kept, atol=2e-3)
+    # the nucleus: a code is in it while the mass more likely than it is under top_p (3: 0.60, 0: 0.22)
+    assert set(draws(logits, 1.0, 0, 0.5).tolist()) == {3}
+    assert set(draws(logits, 1.0, 0, 0.7).tolist()) == {3, 0}
+    everything = draws(logits, 1.0, 0, 1.0, n=20000)
+    assert torch.allclose(torch.bincount(everything, minlength=6).float() / 20000, probs, atol=1e-3)
+    # rows side by side: each its own rule, whatever its neighbours'
+    batch = sample_rows(logits.expand(3, -1), torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 1, 0]),
+                        torch.tensor([1.0, 1.0, 1.0]), torch.tensor([0.99, 0.99, 0.99]))
+    alone = sample_rows(logits, torch.tensor([1.0]), torch.tensor([0]), torch.tensor([1.0]), torch.tensor([0.99]))
+    assert batch.tolist() == [3, 3, alone.item()] and alone.item() == 4  # (u = 0.99: the least likely code)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    path = tmp_path_factory.mktemp("predictor")
+    tiny_model("custom_voice", seed=6).save_pretrained(path)
+    return QwenEngine.from_checkpoint(path, TorchEngineConfig(slots=4, max_batch_size=4, max_seq_len=64))
+
+
+def test_a_loop_whose_graph_cannot_be_captured_runs_eagerly_with_the_same_codes(engine, caplog):
+    model, kv = engine.talker, engine.sampler.kv
+    hidden = torch.randn(3, model.cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    c0 = torch.tensor([5, 900, 2047])
+    params = [CodeSampling(), CodeSampling(temperature=0), CodeSampling(top_k=0, top_p=0.8)]
+
+    def rows() -> RowSampling:
+        return RowSampling.of(params, [torch.Generator().manual_seed(i) for i in range(3)], torch.device("cpu"))
+
+    with torch.inference_mode():
+        eager = frame_codes(model, kv, hidden, c0, rows())
+        with caplog.at_level(logging.WARNING, logger="lyre.engine"):
+            graphed = FrameLoop(model, kv, graphs=True)(hidden, c0, rows())  # (no GPU here: capture fails)
+    assert "capturing a CUDA graph for 4 rows failed" in caplog.text and "it runs eagerly" in caplog.text
+    assert torch.equal(eager, graphed) and eager.shape == (3, 16) and torch.equal(eager[:, 0], c0)
+    assert ((0 <= eager) & (eager < 2048)).all()
+
+
+def test_ranking_a_shortlist_picks_what_ranking_every_code_picks():
+    g = torch.Generator().manual_seed(3)
+    logits, u = torch.randn(32, 2048, generator=g), torch.rand(32, generator=g)
+    t, p = torch.full((32,), 0.9), torch.full((32,), 0.95)
+    k = torch.randint(1, 65, (32,), generator=g)
+    assert torch.equal(sample_rows(logits, t, k, p, u, width=shortlist(k.tolist(), 2048)),
+                       sample_rows(logits, t, k, p, u))
+    assert shortlist([50, 64], 2048) == 64 and shortlist([50, 0], 2048) == shortlist([65], 2048) == 2048
