@@ -142,3 +142,18 @@ def test_the_torch_12hz_codec_decodes_on_the_engine_thread_unless_asked_otherwis
     assert not cpu_split(cfg, "cpu", codec_runtime="torch").overlap
     on = cfg.model_copy(update={"codec": cfg.codec.model_copy(update={"overlap": "on"})})
     assert cpu_split(on, "cpu", codec_runtime="torch").overlap
+
+
+def test_riva_clients_name_the_language_by_its_code(server):
+    from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
+
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel)
+        for code, voice in (("en-US", "English-US.Female-1"), ("zh-CN", "eric"), ("", "ryan")):
+            reply = stub.Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(
+                text="Hello.", voice_name=voice, language_code=code, encoding=1, sample_rate_hz=24000))
+            assert len(reply.audio) > 0 and len(reply.audio) % (2 * 1920) == 0
+        with pytest.raises(grpc.RpcError) as e:
+            stub.Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(text="Hello.", language_code="tlh-KL", encoding=1,
+                                                                 sample_rate_hz=24000))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "en (english)" in e.value.details()

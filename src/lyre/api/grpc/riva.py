@@ -80,8 +80,13 @@ def settings(request: Any, service: TTSService) -> Settings:
     if fmt == "opus" and rate not in OPUS_RATES:
         rate = next((r for r in OPUS_RATES if r >= rate), rate)  # Opus runs at these only
     check_format(fmt, rate)
-    language = request.language_code.strip()
-    if language and language.split("-")[0].lower() != cfg.riva.language_code.split("-")[0].lower():
+    language, spoken = request.language_code.strip(), {}
+    if service.family.name != "orpheus" and language:  # a multilingual family: the language it names
+        try:
+            spoken = {"language": service.family.language_of(language)}
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+    elif language and language.split("-")[0].lower() != cfg.riva.language_code.split("-")[0].lower():
         raise InvalidRequest(f"language_code {language!r} is not served: this model speaks {cfg.riva.language_code}")
     if request.custom_dictionary:
         raise InvalidRequest("custom_dictionary is not supported: Orpheus reads text as written (no phoneme "
@@ -98,7 +103,7 @@ def settings(request: Any, service: TTSService) -> Settings:
                 f"unknown voice_name {shorten(request.voice_name)}; Riva names: "
                 f"{', '.join(f'{cfg.riva.voice_name}.{s}' for s, v in cfg.riva.subvoices.items() if v in cfg.model.voices)}"
                 f"; Lyre voices: {', '.join(cfg.model.voices)}; or a cloned voice's id")
-    return Settings(fmt, rate, voice, _sampling(dict(request.custom_configuration)))
+    return Settings(fmt, rate, voice, {**_sampling(dict(request.custom_configuration)), **spoken})
 
 
 def _sampling(options: dict[str, str]) -> dict[str, Any]:

@@ -24,6 +24,9 @@ SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 FRAME_CAP_BASE = 25  # frames (2 s) every segment may take...
 FRAMES_PER_TEXT_TOKEN = 8  # ...and this many more per token of its text (0.64 s)
 MAX_INSTRUCTIONS_CHARS = 1000
+# BCP-47 primary language subtags -> the checkpoints' language names
+LANGUAGE_CODES = {"en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ja": "japanese",
+                  "fr": "french", "ko": "korean", "ru": "russian", "it": "italian", "pt": "portuguese"}
 # the sampling options a request may set for the talker (max_tokens and min_tokens count frames)
 REQUEST_SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "max_tokens", "min_tokens", "seed")
 
@@ -62,6 +65,15 @@ class QwenFamily:
         for 0.6B CustomVoice (research §4), so Lyre refuses it there."""
         return self.cfg.model_type == "voice_design" or (self.cfg.model_type == "custom_voice"
                                                          and self.cfg.model_size != "0b6")
+
+    def language_of(self, code: str) -> str:
+        """The language a BCP-47 code (Riva's ``language_code``: en-US, zh-CN, ...) names, as this
+        checkpoint calls it; ValueError naming the codes it takes."""
+        name = LANGUAGE_CODES.get(code.split("-")[0].lower())
+        if name is None or name not in self.cfg.languages:
+            served = ", ".join(f"{c} ({n})" for c, n in LANGUAGE_CODES.items() if n in self.cfg.languages)
+            raise ValueError(f"language_code {code!r} is not one this model speaks: {served}")
+        return name
 
     def new_parser(self) -> CodeFrames:
         return CodeFrames()
