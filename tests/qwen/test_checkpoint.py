@@ -32,6 +32,8 @@ def test_the_demo_command_writes_a_checkpoint_the_reference_loads_by_name(tmp_pa
     assert "serve it with --set model.path=" in capsys.readouterr().out
     assert main(["demo", "--family", "qwen3-tts", str(tmp_path / "q")]) == 0
     assert "up to date" in capsys.readouterr().out
+    assert main(["demo", "--family", "qwen3-tts", "--variant", "voice_design", str(tmp_path / "d")]) == 0
+    assert read_qwen3tts_config(tmp_path / "d").model_type == "voice_design"
     files = {p.name for p in (tmp_path / "q").iterdir()}
     assert {"config.json", "generation_config.json", "model.safetensors", "vocab.json", "merges.txt",
             "tokenizer_config.json", "speech_tokenizer"} <= files

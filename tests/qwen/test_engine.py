@@ -16,7 +16,7 @@ from lyre.engine.qwen3.engine import QwenEngine
 from lyre.engine.qwen3.request import CodeSampling, FrameRequest, talker_sampling
 from lyre.engine.torch.engine import TorchEngineConfig
 from lyre.model.qwen3tts import TalkerPrompt, build_prompt
-from tests.support.qwen_reference import target_ids, tiny_model
+from tests.support.qwen_reference import IM_END, IM_START, NEWLINE, target_ids, tiny_model
 
 TEXTS = ([1000 + i for i in range(7)], [2000 + i for i in range(12)], [3000, 3001, 3002])
 FRAMES = 12
@@ -226,3 +226,28 @@ def test_a_sampled_run_has_the_references_logits_at_every_draw(reference, engine
     assert len(ours_cp) == len(theirs_cp) == 15 * frames
     for i, (a, b) in enumerate(zip(ours_cp, theirs_cp, strict=True)):
         assert torch.allclose(a[0], b.float(), atol=1e-4, rtol=1e-4), f"codebook {i % 15 + 1} of frame {i // 15}"
+
+
+@pytest.mark.parametrize("non_streaming", [True, False], ids=["whole-text", "streaming-text"])
+def test_a_voice_design_prompt_from_its_instructions_gives_the_references_frames(tmp_path, non_streaming):
+    reference = tiny_model("voice_design", seed=7)
+    with torch.no_grad():
+        reference.talker.model.text_embedding.weight.mul_(50)  # (the instructions matter at once)
+    reference.save_pretrained(tmp_path)
+    engine = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=128))
+    instruct = [IM_START, 872, NEWLINE, 4000, 4001, 4002, IM_END, NEWLINE]  # <|im_start|>user\n...<|im_end|>\n
+    codes, _ = reference.generate(input_ids=[target_ids(TEXTS[0])], instruct_ids=[torch.tensor([instruct])],
+                                  languages=["english"], speakers=None, non_streaming_mode=non_streaming,
+                                  max_new_tokens=FRAMES + 1, do_sample=False, subtalker_dosample=False,
+                                  repetition_penalty=1.0)
+    prompt = build_prompt(engine.talker.cfg, TEXTS[0], language="english", instruct_ids=instruct,
+                          non_streaming=non_streaming)
+    sampling = talker_sampling(engine.talker.cfg, temperature=0, repetition_penalty=1.0, max_tokens=FRAMES)
+    got, _ = run(engine, [FrameRequest("d", [], sampling=sampling, prompt=prompt,
+                                       code_sampling=CodeSampling(temperature=0))])
+    assert torch.equal(got["d"], codes[0])
+    other = build_prompt(engine.talker.cfg, TEXTS[0], language="english", instruct_ids=instruct[:3] + [4999] + instruct[6:],
+                         non_streaming=non_streaming)
+    again, _ = run(engine, [FrameRequest("e", [], sampling=sampling, prompt=other,
+                                         code_sampling=CodeSampling(temperature=0))])
+    assert not torch.equal(again["e"], got["d"])  # (other instructions: another voice)

@@ -25,6 +25,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
                         "token on a CPU, in proportion), or a config.json whose shape it takes; serve it with "
                         "--set model.path=DIR/llama")
     p_demo.add_argument("--force", action="store_true", help="rewrite even when an up-to-date demo is there")
+    p_demo.add_argument("--variant", choices=("custom_voice", "voice_design"), default="custom_voice",
+                        help="with --family qwen3-tts: a CustomVoice checkpoint (built-in speakers; default) or a "
+                             "VoiceDesign one (its voice described by each request's instructions)")
     p_demo.add_argument("--family", choices=("orpheus", "qwen3-tts"), default="orpheus",
                         help="orpheus (default: DIR gets llama/ and snac/) or qwen3-tts (DIR is a Qwen3-TTS "
                         "CustomVoice checkpoint, speech_tokenizer/ inside; --shape tiny or small: the real code "
@@ -50,8 +53,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
             if args.shape not in qwen_demo.SHAPES:
                 print(f"error: --family qwen3-tts takes --shape {' or '.join(qwen_demo.SHAPES)}", file=sys.stderr)
                 return 2
-            if args.force or not qwen_demo.demo_is_current(args.dir, args.seed, args.shape):
-                qwen_demo.write_demo(args.dir, args.seed, args.shape)
+            if args.force or not qwen_demo.demo_is_current(args.dir, args.seed, args.shape, args.variant):
+                qwen_demo.write_demo(args.dir, args.seed, args.shape, args.variant)
                 print(f"wrote the Qwen3-TTS demo checkpoint ({args.shape}) to {args.dir} (random weights: noise); "
                       f"serve it with --set model.path={args.dir}")
             else:

@@ -63,8 +63,15 @@ Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, so Lyre serves it as it would the real mod
 """
 
 
-def demo_config(shape: str = "tiny") -> dict[str, Any]:
-    """config.json as the reference's ``save_pretrained`` writes it, in ``shape`` (:data:`SHAPES`)."""
+VARIANTS = {"custom_voice": "0b6", "voice_design": "1b7"}  # the model types written, and the size each says
+
+
+def demo_config(shape: str = "tiny", variant: str = "custom_voice") -> dict[str, Any]:
+    """config.json as the reference's ``save_pretrained`` writes it, in ``shape`` (:data:`SHAPES`),
+    a CustomVoice checkpoint (0.6B's speakers) or a VoiceDesign one (1.7B's: no speakers)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown Qwen3-TTS demo variant {variant!r}: one of {', '.join(VARIANTS)}")
+    speakers = SPEAKERS if variant == "custom_voice" else {}
     talker_shape, cp_shape, text_hidden = _shape(shape)
     decoder = lambda d: dict(d, rms_norm_eps=1e-6, rope_theta=1e6, hidden_act="silu",  # noqa: E731
                              max_position_embeddings=32768, attention_bias=False, use_sliding_window=False)
@@ -74,10 +81,10 @@ def demo_config(shape: str = "tiny") -> dict[str, Any]:
                   rope_scaling={"mrope_section": [half // 2, half // 4, half - half // 2 - half // 4],
                                 "interleaved": True, "rope_type": "default"},
                   code_predictor_config=dict(decoder(cp_shape), vocab_size=CODES, num_code_groups=CODE_GROUPS),
-                  spk_id=SPEAKERS, spk_is_dialect={s: DIALECTS.get(s, False) for s in SPEAKERS},
+                  spk_id=speakers, spk_is_dialect={s: DIALECTS.get(s, False) for s in speakers},
                   codec_language_id=LANGUAGES, **CODEC_IDS)
     return {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-            "tts_model_type": "custom_voice", "tts_model_size": "0b6", "assistant_token_id": 77091,
+            "tts_model_type": variant, "tts_model_size": VARIANTS[variant], "assistant_token_id": 77091,
             "im_start_token_id": 151644, "im_end_token_id": 151645, "tts_pad_token_id": 151671,
             "tts_bos_token_id": 151672, "tts_eos_token_id": 151673, "talker_config": talker, "dtype": "float32"}
 
@@ -154,9 +161,10 @@ def demo_tokenizer() -> tuple[dict[str, int], list[tuple[str, str]]]:
     return model["vocab"], merges
 
 
-def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny") -> Path:
-    """Write the demo checkpoint in ``shape`` to ``out_dir``, replacing it atomically."""
-    config = demo_config(shape)
+def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny", variant: str = "custom_voice") -> Path:
+    """Write the demo checkpoint in ``shape`` (a ``variant``: CustomVoice or VoiceDesign) to
+    ``out_dir``, replacing it atomically."""
+    config = demo_config(shape, variant)
     with replaced_directory(out_dir) as tmp:
         _json(tmp / "config.json", config)
         _json(tmp / "generation_config.json", GENERATION)
@@ -171,7 +179,8 @@ def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny") -> Path:
             "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768})
         write_speech_tokenizer(tmp / "speech_tokenizer", seed)
         (tmp / "README.md").write_text(_README)
-        _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts", "shape": shape})
+        _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts", "shape": shape,
+                             "variant": variant})
     return Path(out_dir)
 
 
@@ -191,13 +200,13 @@ def write_speech_tokenizer(out_dir: Path, seed: int) -> Path:
     return out_dir
 
 
-def demo_is_current(out_dir: Path, seed: int = 0, shape: str = "tiny") -> bool:
+def demo_is_current(out_dir: Path, seed: int = 0, shape: str = "tiny", variant: str = "custom_voice") -> bool:
     try:
         marker = json.loads((Path(out_dir) / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return (marker.get("format"), marker.get("seed"), marker.get("family"), marker.get("shape", "tiny")) == (
-        DEMO_FORMAT, seed, "qwen3-tts", shape)
+    return (marker.get("format"), marker.get("seed"), marker.get("family"), marker.get("shape"),
+            marker.get("variant")) == (DEMO_FORMAT, seed, "qwen3-tts", shape, variant)
 
 
 def ensure_demo(out_dir: Path, seed: int = 0, shape: str = "tiny") -> Path:

@@ -2,7 +2,8 @@
 (:mod:`lyre.model.qwen3tts` is the protocol, :mod:`lyre.engine.qwen3` the engine).
 
 A segment's prompt is its rows (:class:`~lyre.model.qwen3tts.TalkerPrompt`) in a built-in
-speaker's voice; its frame cap follows its text: ``FRAME_CAP_BASE + FRAMES_PER_TEXT_TOKEN`` x
+speaker's voice (CustomVoice) or the one its instructions describe (VoiceDesign), its whole text in
+the prompt as the reference's wrapper puts it for those; its frame cap follows its text: ``FRAME_CAP_BASE + FRAMES_PER_TEXT_TOKEN`` x
 its text tokens (2 s plus 0.64 s a token: speech takes about 0.25 s a token, so a runaway that
 misses its end of speech stops at a few times the text's length, never at the 164 s default).
 """
@@ -24,6 +25,10 @@ SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 FRAME_CAP_BASE = 25  # frames (2 s) every segment may take...
 FRAMES_PER_TEXT_TOKEN = 8  # ...and this many more per token of its text (0.64 s)
 MAX_INSTRUCTIONS_CHARS = 1000
+# the text in the prompt whole (the reference wrapper's generate_custom_voice and generate_voice_design);
+# Base clones read it one token a frame beside the audio (its generate_voice_clone)
+WHOLE_TEXT = ("custom_voice", "voice_design")
+DESIGNED_VOICE = "design"  # a VoiceDesign checkpoint's one built-in voice: the one its instructions describe
 # BCP-47 primary language subtags -> the checkpoints' language names
 LANGUAGE_CODES = {"en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ja": "japanese",
                   "fr": "french", "ko": "korean", "ru": "russian", "it": "italian", "pt": "portuguese"}
@@ -56,7 +61,10 @@ class QwenFamily:
 
     @property
     def voices(self) -> tuple[str, ...]:
-        """The checkpoint's built-in speakers (CustomVoice; none for Base and VoiceDesign)."""
+        """The checkpoint's built-in speakers (CustomVoice), or VoiceDesign's one voice (the one its
+        instructions describe); none for Base (its voices are cloned)."""
+        if self.cfg.model_type == "voice_design":
+            return (DESIGNED_VOICE,)
         return tuple(self.cfg.speakers)
 
     @property
@@ -109,10 +117,13 @@ class QwenFamily:
             self._encode(tokenizer, instructions, "instructions")  # (no control token in it)
             instruct_ids = self._encode(tokenizer, f"<|im_start|>user\n{instructions}<|im_end|>\n", "instructions",
                                         template=True)
+        elif self.cfg.model_type == "voice_design":
+            raise ValueError("'instructions' is required: a VoiceDesign checkpoint speaks in the voice they describe")
         text_ids = self._encode(tokenizer, text, "text")
         role = self._encode(tokenizer, "<|im_start|>assistant\n", "role", template=True)
         return build_prompt(self.cfg, text_ids, speaker=voice if self.cfg.speakers else None,
                             language=language or "auto", instruct_ids=instruct_ids, role_ids=role,
+                            non_streaming=self.cfg.model_type in WHOLE_TEXT,
                             max_frames=FRAME_CAP_BASE + FRAMES_PER_TEXT_TOKEN * len(text_ids))
 
     def _encode(self, tokenizer: Any, text: str, what: str, template: bool = False) -> list[int]:
@@ -141,8 +152,8 @@ def family_config(cfg: LyreConfig, family: QwenFamily) -> LyreConfig:
     refused), the default voice one of them, OpenAI's and Riva's names aliases of them."""
     speakers = family.voices
     if not speakers:
-        raise LyreError(f"this Qwen3-TTS checkpoint is {family.cfg.model_type}: Lyre serves CustomVoice checkpoints "
-                        f"(built-in speakers) so far; Base (cloning) and VoiceDesign (instructions only) are not yet")
+        raise LyreError(f"this Qwen3-TTS checkpoint is {family.cfg.model_type}: Lyre serves CustomVoice (built-in "
+                        f"speakers) and VoiceDesign checkpoints so far; Base (its voices cloned) not yet")
     m = cfg.model
     voices = speakers if tuple(m.voices) == orpheus.VOICES else tuple(v.lower() for v in m.voices)
     unknown = [v for v in voices if v not in speakers]
@@ -151,7 +162,10 @@ def family_config(cfg: LyreConfig, family: QwenFamily) -> LyreConfig:
                         f"({', '.join(speakers)})")
     default = m.default_voice.lower() if m.default_voice.lower() in voices else \
         next((v for v in DEFAULT_VOICES if v in voices), voices[0])
-    aliases = {a: v for a, v in OPENAI_ALIASES.items() if v in voices and a not in voices}
+    if speakers == (DESIGNED_VOICE,):  # (every OpenAI name: the voice the instructions describe)
+        aliases = dict.fromkeys(OPENAI_ALIASES, DESIGNED_VOICE)
+    else:
+        aliases = {a: v for a, v in OPENAI_ALIASES.items() if v in voices and a not in voices}
     model = m.model_copy(update={"voices": voices, "default_voice": default, "voice_aliases": aliases})
     riva = cfg.riva.model_copy(update={"subvoices": {s: v for s, v in RIVA_SUBVOICES.items() if v in voices},
                                        "voice_aliases": {}})
