@@ -251,3 +251,21 @@ def test_a_voice_design_prompt_from_its_instructions_gives_the_references_frames
     again, _ = run(engine, [FrameRequest("e", [], sampling=sampling, prompt=other,
                                          code_sampling=CodeSampling(temperature=0))])
     assert not torch.equal(again["e"], got["d"])  # (other instructions: another voice)
+
+
+def test_a_voices_prefix_rows_are_computed_once_and_give_the_same_frames(reference, tmp_path):
+    reference.save_pretrained(tmp_path)
+    kept = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=128,
+                                                                  prefix_cache_bytes=1 << 20))
+    plain = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=3, max_batch_size=3, max_seq_len=128))
+    requests = [greedy(kept, f"k{i}", t, non_streaming=True) for i, t in enumerate(TEXTS)]
+    assert len({r.prefix_key for r in requests}) == 1 and requests[0].prefix_len == 9  # role 3 + codec prefix 6
+    got = {}
+    for r in requests:  # one after another: each finds the voice's prefix kept
+        got.update(run(kept, [r])[0])
+    prompt_rows = sum(r.prompt_len for r in requests)
+    assert kept.stats().prefilled_tokens == prompt_rows - 2 * 9  # the 2nd and 3rd prefilled only their text
+    want = run(plain, [greedy(plain, f"k{i}", t, non_streaming=True) for i, t in enumerate(TEXTS)])[0]
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    other = greedy(kept, "o", TEXTS[0], speaker="eric", language="auto", non_streaming=True)
+    assert other.prefix_key != requests[0].prefix_key  # another voice: other prefix rows

@@ -157,3 +157,17 @@ def test_riva_clients_name_the_language_by_its_code(server):
             stub.Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(text="Hello.", language_code="tlh-KL", encoding=1,
                                                                  sample_rate_hz=24000))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "en (english)" in e.value.details()
+
+
+def test_a_built_in_voices_kept_prefix_outlives_the_sweep_for_deleted_voices(server):
+    status, _ = post(server, {"voice": "sohee", "input": "Hello.", "response_format": "pcm"})
+    assert status == 200
+    service = server.service
+
+    def on_loop(coroutine):
+        return asyncio.run_coroutine_threadsafe(coroutine, server._loop).result(60)
+
+    kept = on_loop(service.on_engine_thread(lambda: service.scheduler.engine.kept_prefixes()))
+    assert kept and all(k.startswith("rows:") for k in kept)  # (its instructions, role and voice rows)
+    on_loop(service._sweep_once())  # (cloned voices deleted elsewhere are swept: a built-in voice is none)
+    assert on_loop(service.on_engine_thread(lambda: service.scheduler.engine.kept_prefixes())) == kept

@@ -82,6 +82,11 @@ class GenerationRequest:
         """Prompt positions: one per id (a family whose prompt is rows says how many rows)."""
         return len(self.prompt_ids)
 
+    @property
+    def prefix_ids(self) -> tuple:
+        """What the shared prefix is made of (a kept prefix serves only a request whose prefix is this)."""
+        return tuple(self.prompt_ids[: self.prefix_len])
+
 
 @dataclass
 class TokenDelta:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 from lyre.core.scheduler import Scheduler
 from lyre.service.voices import Voices
+from lyre.storage.registry import ID_PATTERN
 
 KeptPrefixes = Callable[[], Awaitable[list[str]]]  # the engine's kept prefixes' keys, asked on its thread
 
@@ -41,7 +42,8 @@ async def sweep_deleted_voices(voices: Voices, kept: KeptPrefixes) -> None:
 async def sweep_once(voices: Voices, kept: KeptPrefixes) -> None:
     """Kept prefixes of voices deleted elsewhere (another replica sharing the database) are dropped
     here too. (A deletion through this process drops them at once.)"""
-    ids = {key.split(":", 1)[0] for key in await kept()}
+    # (a cloned voice's prefixes are named by its id; a built-in voice's, "rows:...", by their rows)
+    ids = {name for key in await kept() if ID_PATTERN.fullmatch(name := key.split(":", 1)[0])}
     if ids:
         for gone in ids - await asyncio.to_thread(voices.registry.existing, ids):
             log.info("voice %s was deleted elsewhere: its kept prefix is dropped", gone)

@@ -47,9 +47,17 @@ class FrameRequest(GenerationRequest):
     code_sampling: CodeSampling = field(default_factory=CodeSampling)
     repetition_guard: int = REPETITION_GUARD_FRAMES  # frames; 0 = off
 
+    def __post_init__(self) -> None:
+        if self.prefix_key is None and self.prompt.prefix_len:  # (its voice's rows, shared and kept)
+            self.prefix_key, self.prefix_len = self.prompt.prefix_key, self.prompt.prefix_len
+
     @property
     def prompt_len(self) -> int:
         return len(self.prompt.rows)
+
+    @property
+    def prefix_ids(self) -> tuple:
+        return self.prompt.rows[: self.prefix_len]
 
 
 @dataclass(eq=False)

@@ -167,9 +167,9 @@ class TorchEngine:
     def _reuse_prefix(self, seq: Sequence) -> None:
         """A kept prefix's K/V into ``seq``'s slot: its prefill starts after the prefix."""
         r = seq.request
-        if self.prefixes is None or not r.prefix_key or not 0 < r.prefix_len < len(r.prompt_ids):
+        if self.prefixes is None or not r.prefix_key or not 0 < r.prefix_len < r.prompt_len:
             return
-        entry = self.prefixes.get(r.prefix_key, r.prompt_ids[: r.prefix_len])
+        entry = self.prefixes.get(r.prefix_key, r.prefix_ids)
         if entry is not None:
             self.cache.load(seq.slot, entry.k, entry.v)
             seq.num_cached = r.prefix_len
@@ -178,13 +178,13 @@ class TorchEngine:
     def _keep_prefix(self, seq: Sequence) -> None:
         """Once ``seq``'s prefill has passed its prefix, keep a copy of the prefix's K/V."""
         r = seq.request
-        if (self.prefixes is None or seq.prefix_kept or not r.prefix_key or not 0 < r.prefix_len < len(r.prompt_ids)
+        if (self.prefixes is None or seq.prefix_kept or not r.prefix_key or not 0 < r.prefix_len < r.prompt_len
                 or seq.num_cached < r.prefix_len):
             return
         seq.prefix_kept = True
         if any(r.prefix_key.startswith(name) for name in self._forgotten):
             return  # admitted before its voice was deleted: it finishes, its prefix is not kept
-        ids = r.prompt_ids[: r.prefix_len]
+        ids = r.prefix_ids
         if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
             self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
 

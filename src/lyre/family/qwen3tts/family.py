@@ -92,7 +92,7 @@ class QwenFamily:
             sampling = replace(sampling, max_tokens=prompt.max_frames, min_tokens=min(sampling.min_tokens,
                                                                                      prompt.max_frames))
         return FrameRequest(request_id, [], sampling, priority=priority, prompt=prompt,
-                            code_sampling=self.code_sampling)
+                            code_sampling=self.code_sampling)  # (its prefix: the prompt's own rows)
 
     def sampling(self, config: SamplingConfig, given: dict[str, Any]) -> SamplingParams:
         """The reference's sampling (research §5) with the request's overrides; the config's

@@ -15,6 +15,7 @@ Row layout, for a target text of tokens t1..tn:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from lyre.model.qwen3tts.config import Qwen3TTSConfig
@@ -27,6 +28,15 @@ class TalkerPrompt:
     rows: tuple[Row, ...]
     trailing: tuple[int, ...]  # text ids added to the decode steps' rows in turn, then tts_pad
     max_frames: int | None = None  # the most frames its text may take (a runaway stops there)
+    prefix_len: int = 0  # its first rows, which its target text does not change (instructions, role, voice)
+
+    @property
+    def prefix_key(self) -> str | None:
+        """A name for its prefix rows (an engine keeps their K/V under it; requests of the same voice,
+        language and instructions share it)."""
+        if not self.prefix_len:
+            return None
+        return "rows:" + hashlib.sha256(repr(self.rows[: self.prefix_len]).encode()).hexdigest()[:24]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -61,8 +71,9 @@ def build_prompt(cfg: Qwen3TTSConfig, text_ids: list[int], *, speaker: str | Non
     rows: list[Row] = [(i, None) for i in instruct_ids or []]
     rows += [(i, None) for i in role_ids or (text.im_start, text.assistant, text.newline)]
     rows += [(text.tts_pad, c) for c in codec_rows[:-1]] + [(text.tts_bos, codec_rows[-1])]
+    prefix = len(rows)  # (every row so far: the same for any text)
     if non_streaming:
         rows += [(t, codec.pad) for t in [*text_ids, text.tts_eos]] + [(text.tts_pad, codec.bos)]
-        return TalkerPrompt(tuple(rows), (), max_frames)
+        return TalkerPrompt(tuple(rows), (), max_frames, prefix)
     rows.append((text_ids[0], codec.bos))
-    return TalkerPrompt(tuple(rows), (*text_ids[1:], text.tts_eos), max_frames)
+    return TalkerPrompt(tuple(rows), (*text_ids[1:], text.tts_eos), max_frames, prefix)
