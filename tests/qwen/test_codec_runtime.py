@@ -67,6 +67,34 @@ def test_streams_decoded_in_random_pieces_together_are_each_the_full_decode(deco
     assert not codec.live and codec.stats().open_states == 0
 
 
+def test_a_segment_whose_end_comes_after_its_frames_ends_on_a_chunk_marked_last(decoder):
+    """End of speech brings no frame: the newest frame waits (unless the listener needs it), so the
+    end always has a frame to go out with, the one that ends the segment; a stream whose every frame
+    went out before its end is closed at once."""
+    codec = TwelveHzCodec(decoder)
+    stream = codec.new_stream(SETTINGS)
+    stream.push(frames(3, seed=7))
+    first = stream.plan(2, need_audio=True)
+    assert first.cost == 3
+    stream.complete(first, codec.decode([first])[0])  # the first chunk: every frame so far
+    stream.push(frames(3, seed=8))
+    job = stream.plan(2)  # nobody waits: all but the newest
+    assert job.cost == 2 and not job.finishing
+    stream.complete(job, codec.decode([job])[0])
+    assert stream.plan(2) is None  # the newest waits
+    stream.finish()  # (the end, without a frame)
+    last = stream.plan(2)
+    assert last is not None and last.finishing and last.cost == 1
+    stream.complete(last, codec.decode([last])[0])
+    assert stream.closed and stream.all_out and stream.emitted == 6 * 1920 and not codec.live
+    drained = codec.new_stream(SETTINGS)
+    drained.push(frames(2, seed=9))
+    job = drained.plan(2, need_audio=True)
+    drained.complete(job, codec.decode([job])[0])
+    drained.finish()
+    assert drained.plan(2) is None and drained.closed and not codec.live  # nothing held: closed
+
+
 def test_the_first_chunk_waits_for_the_listener_then_comes_at_once(decoder):
     codec = TwelveHzCodec(decoder)
     stream = codec.new_stream(SETTINGS)

@@ -269,3 +269,28 @@ def test_a_voices_prefix_rows_are_computed_once_and_give_the_same_frames(referen
     assert all(torch.equal(got[k], want[k]) for k in want)
     other = greedy(kept, "o", TEXTS[0], speaker="eric", language="auto", non_streaming=True)
     assert other.prefix_key != requests[0].prefix_key  # another voice: other prefix rows
+
+
+def test_a_fault_in_one_requests_code_prediction_ends_only_that_request(reference, engine, monkeypatch):
+    """A step that raises runs again request by request: only the request whose frame cannot be made
+    ends (error); the others (seeded) get exactly the frames they get without the fault, and every
+    slot comes back."""
+    def sampled(name: str, seed: int) -> FrameRequest:
+        prompt = build_prompt(engine.talker.cfg, TEXTS[seed % 3], speaker="vivian", language="english")
+        return FrameRequest(name, [], sampling=talker_sampling(engine.talker.cfg, seed=seed, max_tokens=6),
+                            prompt=prompt)
+
+    clean, _ = run(engine, [sampled("a", 1), sampled("bad", 2), sampled("b", 3)])
+    predict = engine.sampler.predict
+
+    def faulty(seqs, hidden, c0):  # (a fault of the poisoned request's own, from its third frame)
+        if any(s.request.request_id == "bad" and s.num_generated >= 2 for s in seqs):
+            raise RuntimeError("simulated code predictor fault")
+        return predict(seqs, hidden, c0)
+
+    monkeypatch.setattr(engine.sampler, "predict", faulty)
+    got, reasons = run(engine, [sampled("a", 1), sampled("bad", 2), sampled("b", 3)])
+    assert reasons == {"a": "length", "bad": "error", "b": "length"}
+    assert got["bad"].shape == (2, 16) and torch.equal(got["bad"], clean["bad"][:2])
+    assert torch.equal(got["a"], clean["a"]) and torch.equal(got["b"], clean["b"])
+    assert engine.slots.free == engine.capacity

@@ -17,7 +17,8 @@ from tests.support.servers import serve_in_process
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     demo = write_demo(tmp_path_factory.mktemp("qwen3-design") / "design", variant="voice_design")
-    with serve_in_process(f"model.path={demo}", "codec.path=null", "model.backend=torch") as srv:
+    with serve_in_process(f"model.path={demo}", "codec.path=null", "model.backend=torch",
+                          "model.device=cpu", "codec.device=cpu") as srv:
         yield srv
 
 

@@ -107,7 +107,7 @@ def test_bad_requests_raise_typed_errors_at_once():
                                  ({"top_p": 1e-45}, r"'top_p' = 1e-45 is out of range: must be >= 0.001"),
                                  ({"temperature": 1e-40}, r"0 \(greedy\) or at least 0.01"),
                                  ({"min_tokens": 50, "max_tokens": 10}, "'min_tokens' = 50 is more than 'max_tokens'"),
-                                 ({"max_tokens": 100000}, r"'max_tokens' = 100000 is out of range: with this prompt "
+                                 ({"max_tokens": 100000}, r"'max_tokens' = 100000 is out of range \(the request's, or its text's cap\): with this prompt "
                                                           r"\(\d+ tokens\) a slot of kv_cache.max_seq_len \d+ tokens "
                                                           r"holds at most \d+")]:
                 with pytest.raises(InvalidRequest, match=message):

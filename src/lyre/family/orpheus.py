@@ -31,7 +31,10 @@ class OrpheusFamily:
                                  prefix_len=prefix_len)
 
     def sampling(self, config: SamplingConfig, given: dict[str, Any]) -> SamplingParams:
-        """The config's ``sampling`` section with the request's overrides."""
+        """The config's ``sampling`` section with the request's overrides (a ``max_tokens`` below the
+        config's ``min_tokens`` brings that down with it)."""
+        if "max_tokens" in given and "min_tokens" not in given:
+            given = {**given, "min_tokens": min(config.min_tokens, given["max_tokens"])}
         return SamplingParams.from_config(config, **given)
 
     def prompt(self, tokenizer: Any, text: str, voice: str | None, language: str | None = None,

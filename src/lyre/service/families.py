@@ -9,6 +9,7 @@ codec (:class:`~lyre.codec.qwen12hz.runtime.TwelveHzCodec`, torch); it has no Te
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -50,11 +51,23 @@ def family_backend(cfg: LyreConfig, family: Family, choice: BackendChoice) -> Ba
     return BackendChoice("torch", "auto: Qwen3-TTS runs on the PyTorch engine (no TensorRT-LLM path yet)")
 
 
-def qwen_engine(cfg: LyreConfig, model: checkpoint.ResolvedModel) -> tuple[QwenEngine, str, str]:
+def qwen_engine(cfg: LyreConfig, model: checkpoint.ResolvedModel, threads: int) -> tuple[QwenEngine, str, str]:
+    """The Qwen3-TTS engine; ``threads``: torch's intra-op threads on CPU. ``dtype`` (and the KV's)
+    auto is bfloat16 on a GPU, the checkpoints' own (float16 would risk the code predictor's NaN
+    logits: it is kept in float32 under a float16 talker)."""
     engine_cfg = TorchEngineConfig.from_config(cfg)
     if engine_cfg.quantize != "none":
         raise LyreError(f"model.quantize {engine_cfg.quantize} is not available for Qwen3-TTS yet: set it to none")
-    engine = QwenEngine.from_checkpoint(model.llama_dir, engine_cfg)
+    if engine_cfg.device == "cuda":
+        engine_cfg = replace(engine_cfg, **{name: torch.bfloat16 for name, key in (("dtype", cfg.model.dtype),
+                                                                                  ("kv_dtype", cfg.kv_cache.dtype))
+                                            if key == "auto"})
+    else:  # (process-wide: torch has one intra-op thread pool)
+        torch.set_num_threads(threads)
+    try:
+        engine = QwenEngine.from_checkpoint(model.llama_dir, engine_cfg)
+    except ValueError as e:
+        raise LyreError(str(e)) from None
     return engine, engine_cfg.device, f"torch Qwen3-TTS on {engine_cfg.device} ({engine_cfg.dtype})"
 
 

@@ -72,7 +72,8 @@ class SamplingOptions(_Options):
     top_p: float | None = Field(None, **_limit("top_p"), description="nucleus sampling mass")
     top_k: int | None = Field(None, **_limit("top_k"), description="top-k sampling; 0 = off")
     repetition_penalty: float | None = Field(None, **_limit("repetition_penalty"), description="1 = off")
-    max_tokens: int | None = Field(None, **_limit("max_tokens"), description="audio tokens at most (about 83 a second)")
+    max_tokens: int | None = Field(None, **_limit("max_tokens"), description="audio tokens at most (Orpheus: about 83 a "
+                                   "second; Qwen3-TTS: 80 ms frames, within its text's cap)")
     min_tokens: int | None = Field(None, **_limit("min_tokens"), description="end-of-speech is held back until this many")
     seed: int | None = Field(None, **_limit("seed"), description="makes the sampling reproducible")
 

@@ -125,7 +125,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
     engine: TokenEngine | None = None
     try:
         if family.name == "qwen3-tts":
-            engine, engine_device, description = families.qwen_engine(cfg, model)
+            engine, engine_device, description = families.qwen_engine(cfg, model, _engine_threads(cfg))
             split = cpu_split(cfg, _codec_device(cfg, engine_device), codec_runtime="torch")
             codec = families.qwen_codec(cfg, model, _codec_device(cfg, engine_device), shared)
             snac = None  # (no voice cloning on this family yet)

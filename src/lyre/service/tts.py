@@ -305,13 +305,10 @@ class TTSService:
         return self.voices.resolve_now(voice, account)
 
     def _sampling(self, request: SynthesisRequest) -> SamplingParams:
-        """The request's sampling over the config's, checked as a whole before it reaches the engine
-        (a request's ``min_tokens`` above its ``max_tokens`` is refused; a ``max_tokens`` below the
-        config's ``min_tokens`` brings that down with it)."""
-        given = request.sampling()
-        if "max_tokens" in given and "min_tokens" not in given:
-            given["min_tokens"] = min(self.config.sampling.min_tokens, given["max_tokens"])
-        params = self.family.sampling(self.config.sampling, given)
+        """The request's sampling over the family's defaults, checked as a whole before it reaches the
+        engine (a request's ``min_tokens`` above its ``max_tokens`` is refused; a ``max_tokens`` below
+        the default ``min_tokens`` brings that down with it)."""
+        params = self.family.sampling(self.config.sampling, request.sampling())
         params.validate()
         return params
 
@@ -347,8 +344,9 @@ class TTSService:
         needed = max(min(params.max_tokens, getattr(s.prompt, "max_frames", None) or params.max_tokens)
                      for s in segments)
         if needed > room:  # never capped silently by the engine
-            raise OutOfRange(f"'max_tokens' = {params.max_tokens} is out of range: with this prompt ({longest} tokens) "
-                             f"a slot of kv_cache.max_seq_len {cfg.kv_cache.max_seq_len} tokens holds at most {room}")
+            raise OutOfRange(f"'max_tokens' = {needed} is out of range (the request's, or its text's cap): with this "
+                             f"prompt ({longest} tokens) a slot of kv_cache.max_seq_len {cfg.kv_cache.max_seq_len} "
+                             f"tokens holds at most {room}")
         return segments, params
 
     async def on_engine_thread(self, fn: Callable[[], Any]) -> Any:

@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
                              "VoiceDesign one (its voice described by each request's instructions)")
     p_demo.add_argument("--family", choices=("orpheus", "qwen3-tts"), default="orpheus",
                         help="orpheus (default: DIR gets llama/ and snac/) or qwen3-tts (DIR is a Qwen3-TTS "
-                        "CustomVoice checkpoint, speech_tokenizer/ inside; --shape tiny or small: the real code "
+                        "checkpoint of --variant, speech_tokenizer/ inside; --shape tiny or small: the real code "
                         "predictor's depth at half width, a third of the talker); serve it with --set model.path=DIR")
 
     p_dl = sub.add_parser("download", help="download the configured model and codec into the Hugging Face cache")

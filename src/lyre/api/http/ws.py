@@ -214,11 +214,11 @@ class Socket:
             utterance.cancel()
             release()
             raise
-        cfg = self.service.config
+        defaults = self.service.family.sampling(self.service.config.sampling, {})  # (the family's: Qwen3-TTS's own)
         settings = {"voice": voice if isinstance(voice, str) else voice.id, "response_format": fmt,
                     "sample_rate": rate, "bitrate": bitrate, "timestamps": m.timestamps, "language": m.language,
                     "instructions": m.instructions,
-                    **{name: getattr(cfg.sampling, name) for name in SamplingOptions.model_fields},
+                    **{name: getattr(defaults, name) for name in SamplingOptions.model_fields},
                     **m.sampling()}  # what the context uses: given or default
         first = text if text is not None else m.append
         log.debug("websocket context %r: %s, %s", m.context_id, describe_text(first), fmt)

@@ -76,8 +76,13 @@ class TwelveHzStream:
         return max(0, emitted // self.codec.samples_per_frame + 1 - self.frames_received)
 
     def plan(self, chunk_frames: int, need_audio: bool = False) -> TwelveHzJob | None:
-        """The job due now (nothing changes until :meth:`complete`), or None."""
+        """The job due now (nothing changes until :meth:`complete`), or None.
+
+        Unless its listener needs audio, the newest frame waits: the segment's end (which brings no
+        frame) then finds one to go out with, marked as the last (its fade and timestamps)."""
         pending = len(self._pending)
+        if self.finished and pending == 0:
+            self.close()  # (everything went out before the end came: nothing is left to mark)
         if self.closed or pending == 0:
             return None
         c = min(pending, self.settings.max_chunk_frames)
@@ -86,8 +91,10 @@ class TwelveHzStream:
         if self.emitted == 0:  # the first chunk is the caller's call
             ready = need_audio and self.frames_received >= self.settings.first_flush_frames
             return TwelveHzJob(self, _frames(self._pending[:c])) if ready else None
-        if need_audio or pending >= chunk_frames:
+        if need_audio:
             return TwelveHzJob(self, _frames(self._pending[:c]))
+        if pending - 1 >= chunk_frames:  # (all but the newest)
+            return TwelveHzJob(self, _frames(self._pending[: min(c, pending - 1)]))
         return None
 
     def complete(self, job: TwelveHzJob, result: TwelveHzResult) -> np.ndarray:

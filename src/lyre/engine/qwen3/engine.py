@@ -43,6 +43,8 @@ class QwenEngine(TorchEngine):
         self.sampler = FrameSampler(talker, config.slots, self.device, graphs=self.device.type == "cuda")
         with torch.inference_mode():
             self.pad_row = talker.text_rows(upload([talker.cfg.text.tts_pad], self.device))[0]  # (H,)
+            if self.sampler.loop.graphs:
+                self.sampler.loop.prepare(self.device)
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | Path, config: TorchEngineConfig) -> QwenEngine:

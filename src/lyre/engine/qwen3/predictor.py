@@ -117,6 +117,18 @@ class FrameLoop:
         cuda_graph.replay()
         return io["codes"][:b].clone()
 
+    def prepare(self, device: torch.device) -> None:
+        """Capture every bucket's graph for the usual sampling (top-k within the shortlist) now: a
+        capture during a step would hold up every stream in it."""
+        bucket, dtype = 1, self.model.text_fc2.weight.dtype
+        while bucket <= self.kv.batch:
+            rows = RowSampling(torch.full((bucket,), 0.9, device=device), torch.full((bucket,), 50, device=device),
+                               torch.ones(bucket, device=device), torch.rand(bucket, PASSES, device=device),
+                               SHORTLIST)
+            self._graph((bucket, SHORTLIST), torch.zeros(bucket, self.model.cfg.hidden_size, dtype=dtype, device=device),
+                        torch.zeros(bucket, dtype=torch.long, device=device), rows)
+            bucket *= 2
+
     def _graph(self, key: tuple[int, int | None], hidden: torch.Tensor, c0: torch.Tensor, s: RowSampling):
         if key not in self._captured:
             self._captured[key] = self._capture(key[0], hidden, c0, s)

@@ -95,9 +95,13 @@ class QwenFamily:
                             code_sampling=self.code_sampling)  # (its prefix: the prompt's own rows)
 
     def sampling(self, config: SamplingConfig, given: dict[str, Any]) -> SamplingParams:
-        """The reference's sampling (research §5) with the request's overrides; the config's
-        ``sampling`` section is Orpheus's and does not apply."""
-        return talker_sampling(self.cfg, **{k: v for k, v in given.items() if k in REQUEST_SAMPLING})
+        """The reference's sampling (research §5) with the request's overrides (a ``max_tokens`` below
+        the default ``min_tokens``, 2, brings that down with it); the config's ``sampling`` section is
+        Orpheus's and does not apply."""
+        given = {k: v for k, v in given.items() if k in REQUEST_SAMPLING}
+        if "max_tokens" in given and "min_tokens" not in given:
+            given["min_tokens"] = min(talker_sampling(self.cfg).min_tokens, given["max_tokens"])
+        return talker_sampling(self.cfg, **given)
 
     def prompt(self, tokenizer: Any, text: str, voice: str, language: str | None = None,
                instructions: str | None = None) -> TalkerPrompt:
@@ -108,6 +112,7 @@ class QwenFamily:
             raise ValueError(f"the text has {tag}, an Orpheus emotion tag: Qwen3-TTS would read it aloud; leave it "
                              f"out, or describe the delivery in 'instructions' on a model that takes them")
         instruct_ids = None
+        instructions = instructions if instructions and instructions.strip() else None  # ("": none, as the reference)
         if instructions is not None:
             if not self.instructions:
                 raise ValueError(f"'instructions' is not taken by this checkpoint ({self.cfg.model_type} "
