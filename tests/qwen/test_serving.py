@@ -73,10 +73,17 @@ def pcm(server, body: dict) -> bytes:
         return r.read()
 
 
+def same_audio(a: bytes, b: bytes) -> bool:
+    """The same seeded frames, decoded perhaps in other chunks (the codec's batches follow the
+    listener's pace): equal to the last bit or two of 16."""
+    x, y = np.frombuffer(a, "<i2").astype(int), np.frombuffer(b, "<i2").astype(int)
+    return len(x) == len(y) and np.abs(x - y).max(initial=0) <= 2
+
+
 def test_the_language_asked_for_is_the_one_spoken(server):
     english, german = (pcm(server, {"voice": "ryan", "language": lang}) for lang in ("english", "german"))
-    assert english == pcm(server, {"voice": "ryan", "language": "english"})  # (seeded: the same again)
-    assert english != german  # another language's prompt row: other audio
+    assert same_audio(english, pcm(server, {"voice": "ryan", "language": "english"}))  # (seeded: the same again)
+    assert not same_audio(english, german)  # another language's prompt row: other audio
     assert len(pcm(server, {"voice": "eric", "language": "chinese"})) > 0  # a dialect speaker
 
 
@@ -167,7 +174,8 @@ def test_riva_clients_name_the_language_by_its_code(server):
                 sample_rate_hz=24000, custom_configuration={"seed": "3"}))
             assert len(reply.audio) > 0 and len(reply.audio) % (2 * 1920) == 0
             said[code] = reply.audio
-        assert said["en-US"] == said["en-GB"] != said["zh-CN"]  # the language its code names is spoken
+        # the language its code names is spoken
+        assert same_audio(said["en-US"], said["en-GB"]) and not same_audio(said["en-US"], said["zh-CN"])
         with pytest.raises(grpc.RpcError) as e:
             stub.Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(text="Hello.", language_code="tlh-KL", encoding=1,
                                                                  sample_rate_hz=24000))
