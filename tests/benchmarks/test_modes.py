@@ -147,6 +147,7 @@ def test_engine_mode_runs_qwen3_tts_beside_its_reference_implementation(bench, t
     assert "peer first audio ms" in run.stdout and "(goal <= 3)" in run.stdout
 
 
+@pytest.mark.slow
 def test_service_mode_runs_the_qwen3_tts_family(bench, tmp_path):
     out_file = tmp_path / "service.json"
     run = bench("--mode", "service", "--family", "qwen3-tts", "--concurrency", "2", "--max-tokens", "5",

@@ -121,13 +121,13 @@ def pointing(reference, code: int):
 
 def test_a_runaway_holding_one_code_is_stopped_by_the_repetition_guard(reference, tmp_path):
     with pointing(reference, 5):
-        want = reference_frames(reference, TEXTS[:1], frames=60)[0]
+        want = reference_frames(reference, TEXTS[:1], frames=42)[0]
         reference.save_pretrained(tmp_path)
     assert (want[:, 0] == 5).all()  # (the reference would run to its cap)
     engine = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=2, max_batch_size=2, max_seq_len=128))
-    got, reasons = run(engine, [greedy(engine, "g", TEXTS[0], frames=60)])
+    got, reasons = run(engine, [greedy(engine, "g", TEXTS[0], frames=42)])
     assert reasons["g"] == "repetition" and torch.equal(got["g"], want[:38])  # 3 s of one code 0
-    unguarded = greedy(engine, "u", TEXTS[0], frames=60)
+    unguarded = greedy(engine, "u", TEXTS[0], frames=42)
     unguarded.repetition_guard = 0
     got, reasons = run(engine, [unguarded])
     assert reasons["u"] == "length" and torch.equal(got["u"], want)
