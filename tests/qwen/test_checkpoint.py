@@ -110,3 +110,16 @@ def test_a_qwen3_tts_repository_downloads_with_its_codec_and_nothing_else_then_s
     assert resolved.family == "qwen3-tts" and resolved.snac_dir == resolved.llama_dir / "speech_tokenizer"
     assert not resolved.is_demo and "Hugging Face cache" in resolved.source
     load_text_tokenizer(resolved.llama_dir)
+
+
+def test_the_text_tokenizer_reads_text_as_transformers_qwen2_tokenizer_does(written):
+    """The tokenizer Lyre builds from the published files against the one the reference uses
+    (transformers' Qwen2 tokenizer, from the same files)."""
+    from transformers import AutoTokenizer
+
+    reference, ours = AutoTokenizer.from_pretrained(str(written)), load_text_tokenizer(written)
+    assert type(reference).__name__ == "Qwen2TokenizerFast"
+    for text in ["Hello world, thanks for calling!", "Your balance is $1,234.50 as of 03/04/2027.",
+                 "  leading spaces\nand\n\nnewlines  ", "Café naïve — “quotes” 中文 日本語", "don't won't I'll",
+                 "<|im_start|>assistant\nHi<|im_end|>\n", "numbers 12345 and 3.14", "tabs\tand\r\nreturns"]:
+        assert ours.encode(text).ids == reference(text, add_special_tokens=False)["input_ids"], text
