@@ -1,10 +1,10 @@
-"""What both codec modes share: settings, the warm-up crossfade, the decode counters."""
+"""What the codecs share: settings, a segment's stream of frames, the warm-up crossfade, the decode counters."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -22,6 +22,45 @@ class StreamSettings:
     max_chunk_frames: int = 8  # the largest chunk (chunks grow with the listener's slack)
     warmup_frames: int = 1  # provisional chunks may be emitted while at most this many frames exist
     holdback: int = 256  # provisional tail held back for the crossfade (samples)
+
+
+@dataclass(eq=False)
+class FrameStream:
+    """A segment's frames as a streaming codec holds them: received (pending), given to its decoder
+    state (``fed``), their samples emitted; finished once the segment ends, closed once its state is
+    freed. ``codec`` has ``samples_per_frame`` and the ``live`` set of streams holding a state."""
+
+    codec: Any
+    settings: StreamSettings
+    emitted: int = 0  # samples emitted so far
+    finished: bool = False
+    closed: bool = False
+    state: Any = None  # None: before its first frame
+    fed: int = 0  # frames given to the state
+    _pending: list = field(default_factory=list)  # frames received, not yet fed
+
+    @property
+    def frames_received(self) -> int:
+        return self.fed + len(self._pending)
+
+    @property
+    def all_out(self) -> bool:
+        """Every frame received so far has been emitted."""
+        return self.emitted == self.frames_received * self.codec.samples_per_frame
+
+    def push(self, frames: list[tuple[int, ...]]) -> None:
+        self._pending.extend(frames)
+
+    def finish(self) -> None:
+        self.finished = True
+
+    def close(self) -> None:
+        """Free the decoder state (the segment ended, finished or not)."""
+        if not self.closed:
+            self.closed = True
+            self.state = None
+            self._pending.clear()
+            self.codec.live.discard(self)
 
 
 class Crossfade:

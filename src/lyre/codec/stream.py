@@ -29,7 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from lyre.codec.base import CodecCounters, CodecStats, Crossfade, F, StreamSettings, decode_isolated
+from lyre.codec.base import (
+    CodecCounters,
+    CodecStats,
+    Crossfade,
+    F,
+    FrameStream,
+    StreamSettings,
+    decode_isolated,
+)
 from lyre.codec.streaming import OfflineSnac, StreamingSnac
 from lyre.cpu import LEDGER
 from lyre.model import orpheus
@@ -62,47 +70,23 @@ class StreamResult:
 
 
 @dataclass(eq=False)
-class ExactStream:
-    """Plans the chunks of one stream of frames and stitches their audio."""
+class ExactStream(FrameStream):
+    """Plans the chunks of one stream of frames and stitches their audio (its state: a list of
+    SNAC layer contexts, None while fresh, all zeros)."""
 
-    codec: StreamCodec
-    settings: StreamSettings
-    emitted: int = 0  # samples emitted so far
     provisional_end: int = 0  # samples up to here (plus the crossfade after) came from a warm-up decode
-    finished: bool = False
-    closed: bool = False
-    state: State | None = None  # None: fresh (all zeros)
-    fed: int = 0  # frames given to the state
     _head: list = field(default_factory=list)  # the first warmup_frames frames (for prefix decodes)
-    _pending: list = field(default_factory=list)  # frames received, not yet fed
     _fade: Crossfade = field(default_factory=Crossfade)
-
-    @property
-    def frames_received(self) -> int:
-        return self.fed + len(self._pending)
-
-    @property
-    def all_out(self) -> bool:
-        """Every frame received so far has been emitted."""
-        return self.emitted == self.frames_received * F
 
     def push(self, frames: list[orpheus.Frame]) -> None:
         room = self.settings.warmup_frames - len(self._head)
         if room > 0:
             self._head.extend(frames[:room])
-        self._pending.extend(frames)
-
-    def finish(self) -> None:
-        self.finished = True
+        super().push(frames)
 
     def close(self) -> None:
-        """Free the decoder state (the segment ended, finished or not)."""
-        if not self.closed:
-            self.closed = True
-            self.state = None
-            self._pending.clear()
-            self._head.clear()
-            self.codec.live.discard(self)
+        self._head.clear()
+        super().close()
 
     def frames_to_exact(self, emitted: int | None = None) -> int:
         """Frames still to come before exact audio can extend what was emitted (or ``emitted`` samples)."""
@@ -173,6 +157,7 @@ class StreamCodec:
     modules; :mod:`lyre.codec.onnx` for the ONNX runtimes)."""
 
     mode = "stream"
+    samples_per_frame = F
 
     def __init__(self, model: StreamingSnac, runner: Runner | None = None, runtime: str = "torch",
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,

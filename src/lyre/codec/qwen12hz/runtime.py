@@ -11,12 +11,12 @@ the audio is frames x 1920 samples, each frame decoded once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from lyre.codec.base import CodecCounters, CodecStats, StreamSettings, decode_isolated
+from lyre.codec.base import CodecCounters, CodecStats, FrameStream, StreamSettings, decode_isolated
 from lyre.codec.qwen12hz.decoder import Decoder, StreamState
 from lyre.cpu import LEDGER
 
@@ -39,36 +39,8 @@ class TwelveHzResult:
 
 
 @dataclass(eq=False)
-class TwelveHzStream:
-    codec: TwelveHzCodec
-    settings: StreamSettings
-    emitted: int = 0  # samples
-    finished: bool = False
-    closed: bool = False
-    state: StreamState | None = None  # None: before its first frame
-    fed: int = 0  # frames decoded
-    _pending: list = field(default_factory=list)
-
-    @property
-    def frames_received(self) -> int:
-        return self.fed + len(self._pending)
-
-    @property
-    def all_out(self) -> bool:
-        return self.emitted == self.frames_received * self.codec.samples_per_frame
-
-    def push(self, frames: list[tuple[int, ...]]) -> None:
-        self._pending.extend(frames)
-
-    def finish(self) -> None:
-        self.finished = True
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.state = None
-            self._pending.clear()
-            self.codec.live.discard(self)
+class TwelveHzStream(FrameStream):
+    """One segment's frames and its decoder's :class:`StreamState` (None before its first frame)."""
 
     def frames_to_exact(self, emitted: int | None = None) -> int:
         """Frames still to come before exact audio can extend what was emitted: none lag behind."""
