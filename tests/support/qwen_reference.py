@@ -103,3 +103,28 @@ def tiny_decoder(seed: int = 0, window: int = 8) -> Any:
             value = torch.randn(p.shape, generator=g) * (0.3 if name.startswith("pre_transformer") else 0.05)
             p.copy_(value.abs() + 0.5 if name.endswith("cluster_usage") else value)
     return decoder
+
+
+# a Mimi encoder (the 12 Hz tokenizer's) at a tiny width: the real 1920-sample frame, 2048 codes
+TINY_MIMI = dict(hidden_size=32, num_filters=4, num_residual_layers=1, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=16, intermediate_size=64, codebook_size=2048, codebook_dim=16,
+                 vector_quantization_hidden_dimension=16, num_quantizers=32, upsample_groups=32, sliding_window=250)
+
+
+def tiny_tokenizer(seed: int = 0) -> Any:
+    """QwenLM's ``Qwen3TTSTokenizerV2Model`` (encoder and decoder) at tiny widths, its encoder's
+    parameters and codebooks drawn at random (seeded; Mimi's codebooks start at zero, which would
+    make every code 0)."""
+    import_qwen_tts()
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+
+    model = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(
+        encoder_config=TINY_MIMI, decoder_config=tiny_decoder_config(), encoder_valid_num_quantizers=16)).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, t in [*model.encoder.named_parameters(), *model.encoder.named_buffers()]:
+            if t.is_floating_point():
+                value = torch.randn(t.shape, generator=g) * 0.1
+                t.copy_(value.abs() + 0.5 if name.endswith(("cluster_usage", "initialized")) else value)
+    return model

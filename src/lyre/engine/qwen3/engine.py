@@ -30,7 +30,8 @@ from lyre.engine.torch.llama import ForwardBatch
 from lyre.engine.torch.sequence import Sequence
 from lyre.engine.torch.transfer import upload
 from lyre.model import checkpoint
-from lyre.model.qwen3tts import read_qwen3tts_config
+from lyre.model.qwen3tts import CODE_GROUPS, CODES, Qwen3TTSConfig, TalkerPrompt, read_qwen3tts_config
+from lyre.model.qwen3tts.prompt import XVECTOR
 
 
 class QwenEngine(TorchEngine):
@@ -83,8 +84,7 @@ class QwenEngine(TorchEngine):
                 raise ValueError("a prompt row has neither a text id nor a codec id")
             if text is not None and not 0 <= text < cfg.text_vocab_size:
                 raise ValueError(f"text id {text} is outside the text vocabulary (0..{cfg.text_vocab_size - 1})")
-            if codec is not None and not 0 <= codec < cfg.talker.vocab_size:
-                raise ValueError(f"codec id {codec} is outside the codec vocabulary (0..{cfg.talker.vocab_size - 1})")
+            _check_codec(codec, request.prompt, cfg)
         bad = next((t for t in request.prompt.trailing if not 0 <= t < cfg.text_vocab_size), None)
         if bad is not None:
             raise ValueError(f"trailing text id {bad} is outside the text vocabulary (0..{cfg.text_vocab_size - 1})")
@@ -135,3 +135,21 @@ class QwenEngine(TorchEngine):
                 reason = "length" if full else "repetition" if s.repeating() else None
             deltas.append(self._delta(s, codes, reason, lg, ids))
         return deltas
+
+
+def _check_codec(codec: object, prompt: TalkerPrompt, cfg: Qwen3TTSConfig) -> None:
+    """ValueError unless ``codec`` is a row's codec track the talker can read."""
+    if codec is None or (isinstance(codec, int) and 0 <= codec < cfg.talker.vocab_size):
+        return
+    if isinstance(codec, int):
+        raise ValueError(f"codec id {codec} is outside the codec vocabulary (0..{cfg.talker.vocab_size - 1})")
+    if isinstance(codec, tuple):
+        if len(codec) != CODE_GROUPS or not all(isinstance(c, int) and 0 <= c < CODES for c in codec):
+            raise ValueError(f"a reference frame must be {CODE_GROUPS} codes in 0..{CODES - 1}")
+        return
+    if codec != XVECTOR:
+        raise ValueError(f"a prompt row's codec track {codec!r} is neither an id, a frame nor the x-vector")
+    if prompt.speaker is None or prompt.speaker.shape != (cfg.hidden_size,):
+        shape = None if prompt.speaker is None else prompt.speaker.shape
+        raise ValueError(f"the prompt's x-vector is {shape}; this talker reads ({cfg.hidden_size},): a voice "
+                         "enrolled with another checkpoint")

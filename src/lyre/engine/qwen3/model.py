@@ -30,6 +30,7 @@ from lyre.engine.torch.llama import (
 from lyre.model.checkpoint.llama import LlamaConfig
 from lyre.model.layers import RMSNorm
 from lyre.model.qwen3tts import CODE_GROUPS, Qwen3TTSConfig, TalkerPrompt
+from lyre.model.qwen3tts.prompt import XVECTOR
 
 PASSES = CODE_GROUPS - 1  # code predictor passes per frame
 
@@ -49,13 +50,22 @@ class Talker(nn.Module):
         return self.text_fc2(F.silu(self.text_fc1(self.text_embedding(ids))))
 
     def prompt_rows(self, prompt: TalkerPrompt, device: torch.device) -> torch.Tensor:
-        """(L, H): each prompt row's text-track and codec-track embeddings summed."""
-        rows = torch.zeros(len(prompt.rows), self.cfg.hidden_size, dtype=self.text_fc2.weight.dtype, device=device)
-        for track, embed in ((0, self.text_rows), (1, self.decoder.embed)):
-            where = [i for i, row in enumerate(prompt.rows) if row[track] is not None]
+        """(L, H): each prompt row's text track and codec track summed (a codec id's embedding, a
+        frame's 16 codebook embeddings, or the prompt's x-vector)."""
+        dtype = self.text_fc2.weight.dtype
+        rows = torch.zeros(len(prompt.rows), self.cfg.hidden_size, dtype=dtype, device=device)
+
+        def add(kind: type | str, track: int, embed) -> None:
+            where = [i for i, row in enumerate(prompt.rows)
+                     if (row[track] == kind if isinstance(kind, str) else isinstance(row[track], kind))]
             if where:
-                ids = torch.tensor([prompt.rows[i][track] for i in where], device=device)
-                rows[torch.tensor(where, device=device)] += embed(ids)
+                rows[torch.tensor(where, device=device)] += embed([prompt.rows[i][track] for i in where])
+
+        add(int, 0, lambda ids: self.text_rows(torch.tensor(ids, device=device)))
+        add(int, 1, lambda ids: self.decoder.embed(torch.tensor(ids, device=device)))
+        add(tuple, 1, lambda frames: self.frame_rows(torch.tensor(frames, device=device)))  # (n, 16) -> (n, H)
+        if prompt.speaker is not None:
+            add(XVECTOR, 1, lambda xs: torch.from_numpy(prompt.speaker).to(device, dtype).expand(len(xs), -1))
         return rows
 
     def frame_rows(self, codes: torch.Tensor) -> torch.Tensor:

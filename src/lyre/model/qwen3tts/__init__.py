@@ -9,6 +9,7 @@ codebooks 1-15.
 """
 
 from lyre.model.qwen3tts.config import CODE_GROUPS, CODES, Qwen3TTSConfig, read_qwen3tts_config
-from lyre.model.qwen3tts.prompt import TalkerPrompt, build_prompt
+from lyre.model.qwen3tts.prompt import XVECTOR, CloneReference, TalkerPrompt, build_prompt
 
-__all__ = ["CODES", "CODE_GROUPS", "Qwen3TTSConfig", "TalkerPrompt", "build_prompt", "read_qwen3tts_config"]
+__all__ = ["CODES", "CODE_GROUPS", "XVECTOR", "CloneReference", "Qwen3TTSConfig", "TalkerPrompt", "build_prompt",
+           "read_qwen3tts_config"]

@@ -14,6 +14,7 @@ from typing import Any
 
 from lyre.errors import CheckpointError
 from lyre.model.checkpoint.llama import LlamaConfig, read_config_json
+from lyre.model.qwen3tts.speaker import SpeakerEncoderConfig
 
 CODE_GROUPS = 16  # codebooks per frame: codebook 0 from the talker, 1-15 from the code predictor
 CODES = 2048  # codes per codebook; talker ids from 2048 are control, language and speaker ids
@@ -62,6 +63,7 @@ class Qwen3TTSConfig:
     languages: dict[str, int]  # language name -> codec id ("auto": none)
     speakers: dict[str, int]  # built-in speaker name -> codec id (CustomVoice; empty otherwise)
     dialects: dict[str, str]  # speaker -> the dialect (a language name) it speaks in chinese or auto
+    speaker_encoder: SpeakerEncoderConfig | None = None  # Base: the x-vector's encoder
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "config.json") -> Qwen3TTSConfig:
@@ -107,11 +109,26 @@ class Qwen3TTSConfig:
             languages=languages,
             speakers={k.lower(): int(v) for k, v in (talker.get("spk_id") or {}).items()},
             dialects=dialects,
+            speaker_encoder=_speaker_encoder(d, model_type, int(talker["hidden_size"]), source),
         )
 
     @property
     def hidden_size(self) -> int:
         return self.talker.hidden_size
+
+
+def _speaker_encoder(d: dict[str, Any], model_type: str, hidden: int, source: str) -> SpeakerEncoderConfig | None:
+    """A Base checkpoint's ``speaker_encoder_config`` (its x-vector is a talker row: enc_dim = hidden)."""
+    if model_type != "base":
+        return None
+    try:
+        cfg = SpeakerEncoderConfig.from_dict(d.get("speaker_encoder_config") or {})
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{source}: {e}") from None
+    if cfg.enc_dim != hidden:
+        raise CheckpointError(f"{source}: speaker_encoder_config.enc_dim is {cfg.enc_dim}; the talker's rows are "
+                              f"{hidden} wide")
+    return cfg
 
 
 def _section(d: dict[str, Any], name: str, source: str) -> dict[str, Any]:

@@ -11,16 +11,39 @@ Row layout, for a target text of tokens t1..tn:
 - streaming text (the reference's default for ``generate``): one row t1 + codec_bos; the trailing
   text is t2..tn then tts_eos, and tts_pad once it has run out;
 - non-streaming text: (t1..tn, tts_eos) each + codec_pad, then tts_pad + codec_bos; nothing trails.
+
+A cloned voice (Base checkpoints, :class:`CloneReference`) has its x-vector as the speaker row;
+in reference-transcript mode the rows after the codec prefix pair a text track of [its
+transcript's tokens, t1..tn, tts_eos] with a codec track of [codec_bos, its clip's frames]: zipped
+row by row when the text streams (text left over trails; a shorter text is padded with tts_pad),
+or the whole text + codec_pad, then the codec track + tts_pad (M:1968-2019, 2188-2197).
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from lyre.model.qwen3tts.config import Qwen3TTSConfig
 
-Row = tuple[int | None, int | None]  # (text id, codec id): the row is the sum of their embeddings
+XVECTOR = "x-vector"  # a codec track that is the prompt's speaker embedding (a cloned voice)
+# a codec track: an id of the codec vocabulary, a frame's 16 codes (their embeddings summed, as a
+# decode step's), or XVECTOR
+Codec = int | tuple[int, ...] | str
+Row = tuple[int | None, Codec | None]  # (text id, codec track): the row is the sum of their embeddings
+
+
+@dataclass(frozen=True)
+class CloneReference:
+    """A cloned voice as its prompts read it: its clip's x-vector and, in reference-transcript mode,
+    the transcript's text ids (no template) and the clip's frames."""
+
+    key: str  # names the voice and its reference (its prompts' shared rows are kept under it)
+    xvector: np.ndarray = field(repr=False, compare=False)  # (talker hidden,) float32
+    text_ids: tuple[int, ...] = ()  # empty: x-vector mode
+    frames: tuple[tuple[int, ...], ...] = field(default=(), repr=False)  # (T, 16) codes, codebook 0 first
 
 
 @dataclass(frozen=True)
@@ -29,6 +52,8 @@ class TalkerPrompt:
     trailing: tuple[int, ...]  # text ids added to the decode steps' rows in turn, then tts_pad
     max_frames: int | None = None  # the most frames its text may take (a runaway stops there)
     prefix_len: int = 0  # its first rows, which its target text does not change (instructions, role, voice)
+    speaker: np.ndarray | None = field(default=None, repr=False, compare=False)  # (H,) the XVECTOR row
+    voice_key: str = ""  # the cloned voice its speaker row and reference rows are
 
     @property
     def prefix_key(self) -> str | None:
@@ -36,7 +61,8 @@ class TalkerPrompt:
         language and instructions share it)."""
         if not self.prefix_len:
             return None
-        return "rows:" + hashlib.sha256(repr(self.rows[: self.prefix_len]).encode()).hexdigest()[:24]
+        named = (self.voice_key, self.rows[: self.prefix_len])
+        return "rows:" + hashlib.sha256(repr(named).encode()).hexdigest()[:24]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -44,9 +70,10 @@ class TalkerPrompt:
 
 def build_prompt(cfg: Qwen3TTSConfig, text_ids: list[int], *, speaker: str | None = None, language: str = "auto",
                  instruct_ids: list[int] | None = None, non_streaming: bool = False,
-                 role_ids: list[int] | None = None, max_frames: int | None = None) -> TalkerPrompt:
+                 role_ids: list[int] | None = None, max_frames: int | None = None,
+                 clone: CloneReference | None = None) -> TalkerPrompt:
     """The prompt for ``text_ids`` (the target text's tokens, no template) in a built-in ``speaker``'s
-    voice (CustomVoice; None: none) and ``language`` (a name from config.json, or auto).
+    voice (CustomVoice; None: none) or a ``clone``'s, and ``language`` (a name from config.json, or auto).
     ``instruct_ids``: the whole tokenized instruct template; ``role_ids``: ``<|im_start|>assistant\n``
     as the tokenizer reads it (default: Qwen's ids). ValueError names what cannot be honoured."""
     if not text_ids:
@@ -67,13 +94,34 @@ def build_prompt(cfg: Qwen3TTSConfig, text_ids: list[int], *, speaker: str | Non
             language_id = cfg.languages[cfg.dialects[speaker]]
     tags = ([codec.nothink, codec.think_bos, codec.think_eos] if language_id is None
             else [codec.think, codec.think_bos, language_id, codec.think_eos])
+    if clone is not None:
+        speaker_id = XVECTOR
     codec_rows = [*tags, *([speaker_id] if speaker_id is not None else []), codec.pad]
     rows: list[Row] = [(i, None) for i in instruct_ids or []]
     rows += [(i, None) for i in role_ids or (text.im_start, text.assistant, text.newline)]
     rows += [(text.tts_pad, c) for c in codec_rows[:-1]] + [(text.tts_bos, codec_rows[-1])]
     prefix = len(rows)  # (every row so far: the same for any text)
+    voice = dict(speaker=clone.xvector, voice_key=clone.key) if clone is not None else {}
+    if clone is not None and clone.text_ids:
+        return _reference_rows(cfg, rows, text_ids, clone, non_streaming, max_frames, voice)
     if non_streaming:
         rows += [(t, codec.pad) for t in [*text_ids, text.tts_eos]] + [(text.tts_pad, codec.bos)]
-        return TalkerPrompt(tuple(rows), (), max_frames, prefix)
+        return TalkerPrompt(tuple(rows), (), max_frames, prefix, **voice)
     rows.append((text_ids[0], codec.bos))
-    return TalkerPrompt(tuple(rows), (*text_ids[1:], text.tts_eos), max_frames, prefix)
+    return TalkerPrompt(tuple(rows), (*text_ids[1:], text.tts_eos), max_frames, prefix, **voice)
+
+
+def _reference_rows(cfg: Qwen3TTSConfig, rows: list[Row], text_ids: list[int], clone: CloneReference,
+                    non_streaming: bool, max_frames: int | None, voice: dict) -> TalkerPrompt:
+    """Reference-transcript mode: the transcript and the target text beside the clip's frames. The
+    transcript's rows are the same for any target text: they join the prefix."""
+    text = [*clone.text_ids, *text_ids, cfg.text.tts_eos]
+    track: list[Codec] = [cfg.codec.bos, *clone.frames]
+    shared = len(rows) + len(clone.text_ids)  # (the streaming zip pairs them with the track's first rows)
+    if non_streaming:
+        rows += [(t, cfg.codec.pad) for t in text] + [(cfg.text.tts_pad, c) for c in track]
+        return TalkerPrompt(tuple(rows), (), max_frames, shared, **voice)
+    n = min(len(text), len(track))
+    shared = min(shared, len(rows) + n)
+    rows += list(zip(text[:n], track[:n], strict=True)) + [(cfg.text.tts_pad, c) for c in track[n:]]
+    return TalkerPrompt(tuple(rows), tuple(text[n:]), max_frames, shared, **voice)
