@@ -41,6 +41,30 @@ def test_the_demo_command_writes_a_checkpoint_the_reference_loads_by_name(tmp_pa
     assert model.config.talker_config.spk_id["vivian"] == 3065 and decoder.config.codebook_size == 2048
 
 
+def test_a_base_demo_carries_the_encoders_cloning_needs_by_the_references_names(tmp_path):
+    """``--variant base``: the speaker encoder's weights in model.safetensors and the 12 Hz
+    tokenizer's encoder in speech_tokenizer/, each loaded by name by the reference's classes (and by
+    Lyre's); the encoder's random codebooks make codes of every kind, not all zeros."""
+    import numpy as np
+    from safetensors.torch import load_file
+
+    from lyre.codec.qwen12hz.encoder import load_reference_encoder
+    from tests.support.qwen_reference import import_qwen_tts
+
+    assert main(["demo", "--family", "qwen3-tts", "--variant", "base", str(tmp_path / "b")]) == 0
+    model, _ = load_reference(tmp_path / "b")  # (every weight by name, the speaker encoder's included)
+    assert model.speaker_encoder is not None and not read_qwen3tts_config(tmp_path / "b").speakers
+    import_qwen_tts()
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Config
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Model
+
+    speech = tmp_path / "b" / "speech_tokenizer"
+    tokenizer = Qwen3TTSTokenizerV2Model(Qwen3TTSTokenizerV2Config(**json.loads((speech / "config.json").read_text())))
+    tokenizer.load_state_dict(load_file(str(speech / "model.safetensors")), strict=True)
+    codes = load_reference_encoder(speech).encode(np.sin(np.arange(24000) / 9).astype(np.float32) * 0.3)
+    assert codes.shape == (13, 16) and len(np.unique(codes)) > 16
+
+
 def test_the_family_and_the_codec_come_from_the_checkpoint(written, demo_dir):
     cfg = load_config(None, {"model.path": str(written)})
     resolved = checkpoint.resolve_model(cfg.model, cfg.codec)

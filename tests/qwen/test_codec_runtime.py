@@ -13,7 +13,7 @@ import torch
 
 from lyre.codec.base import StreamSettings
 from lyre.codec.qwen12hz import Decoder, DecoderConfig
-from lyre.codec.qwen12hz.runtime import TwelveHzCodec
+from lyre.codec.qwen12hz.runtime import TwelveHzCodec, WarmUp
 from tests.support.qwen_reference import tiny_decoder, tiny_decoder_config
 
 SETTINGS = StreamSettings(first_flush_frames=1, every_flush_frames=2, max_chunk_frames=4)
@@ -31,10 +31,11 @@ def frames(n: int, seed: int) -> list[tuple[int, ...]]:
     return [tuple(int(x) for x in row) for row in g.integers(0, 64, (n, 16))]
 
 
-def run(codec: TwelveHzCodec, streams: dict[str, list[tuple[int, ...]]], seed: int) -> dict[str, np.ndarray]:
+def run(codec: TwelveHzCodec, streams: dict[str, list[tuple[int, ...]]], seed: int,
+        warm: dict[str, WarmUp] | None = None) -> dict[str, np.ndarray]:
     """Every stream to its end, the frames arriving in random pieces between rounds."""
     rng = random.Random(seed)
-    open_ = {name: codec.new_stream(SETTINGS) for name in streams}
+    open_ = {name: codec.new_stream(SETTINGS, warm=(warm or {}).get(name)) for name in streams}
     given = dict.fromkeys(streams, 0)
     audio: dict[str, list[np.ndarray]] = {name: [] for name in streams}
     while any(not s.closed for s in open_.values()):
@@ -115,3 +116,33 @@ def test_a_stream_whose_decode_fails_fails_alone(decoder):
     results = codec.decode(jobs)
     assert isinstance(results[1], Exception) and not isinstance(results[0], Exception)
     assert len(good.complete(jobs[0], results[0])) == 2 * 1920
+
+
+def test_a_clone_speaks_on_from_its_reference_clip_as_the_reference_decodes_it(decoder):
+    """Reference-transcript mode: the audio is the full causal decode of the clip's frames and the
+    generated ones as one sequence, the clip's part cut off (the reference's generate_voice_clone);
+    the state after the clip is computed once per voice, for every stream of it, and dropped with it."""
+    codec = TwelveHzCodec(decoder)
+    clip = np.asarray(frames(11, seed=20))
+    other = np.asarray(frames(11, seed=21))
+    warm = {"a": WarmUp("v_a:1", clip), "b": WarmUp("v_a:1", clip), "c": WarmUp("v_c:1", other)}
+    generated = {name: frames(n, seed=30 + i) for i, (name, n) in enumerate((("a", 14), ("b", 6), ("c", 9)))}
+    got = run(codec, generated, seed=3, warm=warm)
+    for name, fs in generated.items():
+        whole = np.concatenate([warm[name].frames, np.asarray(fs)])
+        with torch.no_grad():
+            want = decoder.decode(torch.from_numpy(whole).T[None])[0, 0].numpy()[len(clip) * 1920:]
+        assert got[name].shape == want.shape
+        assert np.abs(got[name] - want).max() <= 1e-5
+    with torch.no_grad():  # (the clip changes what follows it)
+        cold = decoder.decode(torch.tensor(generated["a"]).T[None])[0, 0].numpy()
+    assert np.abs(cold - got["a"]).max() > 1e-3
+    assert codec.counters.frames_decoded == 2 * len(clip) + sum(map(len, generated.values()))  # a clip once
+    codec.forget("v_a")
+    stream = codec.new_stream(SETTINGS, warm=warm["a"])
+    stream.push(generated["b"])
+    stream.finish()
+    job = stream.plan(4)
+    again = stream.complete(job, codec.decode([job])[0])
+    assert np.abs(again - got["b"][: len(again)]).max() <= 1e-5
+    assert codec.counters.frames_decoded == 3 * len(clip) + sum(map(len, generated.values())) + job.cost

@@ -38,7 +38,7 @@ def test_enrolled_voice_is_stored_with_its_reference_tokens_and_consent():
         async with service() as tts:
             v = await tts.voices.enroll(clip(4.0), name="Ann", transcript=f"  {TRANSCRIPT}  ", consent=CONSENT,
                                         account="alice", address="10.0.0.7")
-            snac = tts.voices._snac
+            snac = tts.voices.cloning.snac
             stored = tts.voices.registry.audio(v.id, "alice")
             return v, await tts.voices.consent(v.id, "alice"), stored, snac
 

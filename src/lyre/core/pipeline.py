@@ -72,7 +72,8 @@ class AudioPipeline:
     # --- segments -------------------------------------------------------------------------------
 
     def open(self, seg: Segment) -> None:
-        seg.decoder = self.codec.new_stream(self.settings)
+        warm = {} if seg.codec_warmup is None else {"warm": seg.codec_warmup}
+        seg.decoder = self.codec.new_stream(self.settings, **warm)
 
     def close(self, s: Session) -> None:
         """Free every codec state of ``s`` (it ended)."""

@@ -63,6 +63,7 @@ class Segment:
     prefix_len: int = 0
     parser: FrameParser | None = None  # the family's, from its engine's ids to frames (made when submitted)
     decoder: Any = None  # the codec's stream for this segment (lyre.codec.stream / window), once submitted
+    codec_warmup: Any = None  # decoded before its first frame, unheard (a Qwen3-TTS clone's reference clip)
     submitted: bool = False
     done_generating: bool = False
     stop: str | None = None  # how its generation ended (lyre.core.stats.STOP_REASONS)

@@ -47,3 +47,10 @@ class Family(Protocol):
                instructions: str | None = None) -> Any:
         """A segment's prompt; ValueError naming what this family cannot honour."""
         ...
+
+    def cloned(self, tokenizer: Any, text: str, key: str, reference: Any, language: str | None = None,
+               instructions: str | None = None) -> dict[str, Any]:
+        """A segment in a cloned voice (``reference``: what :mod:`lyre.service.cloning` made of it,
+        kept under ``key``): its prompt and what else the segment carries (``prefix_key`` and
+        ``prefix_len`` of a shared prefix the request names; ``codec_warmup``)."""
+        ...

@@ -45,5 +45,11 @@ class OrpheusFamily:
             raise ValueError(f"'language' = {language!r}: Orpheus speaks English (auto, english)")
         return orpheus.build_prompt_ids(tokenizer, text, voice)
 
+    def cloned(self, tokenizer: Any, text: str, key: str, reference: list[int], language: str | None = None,
+               instructions: str | None = None) -> dict[str, Any]:
+        """The voice's reference turn, then the text (no voice name); the turn is the kept prefix."""
+        return dict(prompt=reference + self.prompt(tokenizer, text, None, language, instructions), prefix_key=key,
+                    prefix_len=len(reference))
+
 
 ORPHEUS = OrpheusFamily()

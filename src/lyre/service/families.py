@@ -27,6 +27,7 @@ from lyre.family.qwen3tts.family import family_config
 from lyre.family.qwen3tts.tokenizer import load_text_tokenizer
 from lyre.model import checkpoint
 from lyre.model.qwen3tts import read_qwen3tts_config
+from lyre.service.cloning import QwenCloning
 
 log = logging.getLogger("lyre.service")
 
@@ -69,6 +70,23 @@ def qwen_engine(cfg: LyreConfig, model: checkpoint.ResolvedModel, threads: int) 
     except ValueError as e:
         raise LyreError(str(e)) from None
     return engine, engine_cfg.device, f"torch Qwen3-TTS on {engine_cfg.device} ({engine_cfg.dtype})"
+
+
+def qwen_cloning(family: QwenFamily, tokenizer: Any, model: checkpoint.ResolvedModel, shared: Any
+                 ) -> QwenCloning | None:
+    """What a Base checkpoint enrolls voices with (its speaker encoder; the tokenizer's encoder at the
+    first transcript); None for the other model types (they clone no voice)."""
+    if family.cfg.model_type != "base":
+        return None
+    from safetensors.torch import load_file
+
+    def load() -> QwenCloning:
+        weights = {}
+        for f in checkpoint.safetensors_files(model.llama_dir):  # (the speaker encoder's tensors only)
+            weights.update({k: v for k, v in load_file(str(f)).items() if k.startswith("speaker_encoder.")})
+        return QwenCloning(family, tokenizer, model.llama_dir, model.snac_dir, weights)
+
+    return shared.get(("qwen cloning", model.llama_dir), load)
 
 
 def qwen_codec(cfg: LyreConfig, model: checkpoint.ResolvedModel, device: str, shared: Any) -> TwelveHzCodec:

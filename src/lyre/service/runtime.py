@@ -60,6 +60,7 @@ from lyre.errors import LyreError
 from lyre.family import Family
 from lyre.model import checkpoint, orpheus
 from lyre.service import families
+from lyre.service.cloning import OrpheusCloning
 from lyre.service.gpu_memory import GpuMemory
 from lyre.service.voices import Voices
 from lyre.storage.db import database_url, open_database
@@ -128,7 +129,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
             engine, engine_device, description = families.qwen_engine(cfg, model, _engine_threads(cfg))
             split = cpu_split(cfg, _codec_device(cfg, engine_device), codec_runtime="torch")
             codec = families.qwen_codec(cfg, model, _codec_device(cfg, engine_device), shared)
-            snac = None  # (no voice cloning on this family yet)
+            cloning = families.qwen_cloning(family, tokenizer, model, shared)
         elif choice.name == "trtllm":
             manifest = trtllm_manifest(cfg, env, model)  # a wrong engine is refused before anything loads
             # the codec first, loaded and warmed up: the executor sizes its KV cache from the GPU
@@ -137,6 +138,7 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
             codec_device = _codec_device(cfg, "cuda")
             split = cpu_split(cfg, codec_device)
             codec, snac = _codec(cfg, model, codec_device, split.codec_threads, settings, shared)
+            cloning = OrpheusCloning(snac, tokenizer, model.snac_dir)
             memory.mark("the codec (loaded and warmed up)")
             engine, _, description = build_engine(cfg, choice, env, model, manifest)
             memory.mark(f"the TensorRT-LLM engine (weights, and a KV cache of at most "
@@ -147,7 +149,8 @@ def start(cfg: LyreConfig, gate: AdmissionGate, metrics: Metrics, voices: Voices
             codec_device = _codec_device(cfg, engine_device)
             split = cpu_split(cfg, codec_device)
             codec, snac = _codec(cfg, model, codec_device, split.codec_threads, settings, shared)
-        voices.attach(snac, tokenizer, model.snac_dir, model.source, reference_room(cfg, choice))
+            cloning = OrpheusCloning(snac, tokenizer, model.snac_dir)
+        voices.attach(cloning, model.source, reference_room(cfg, choice))
         audio = AudioPipeline(codec, settings, cfg.codec.max_round_ms / 1000, metrics, split.overlap,
                               cfg.scheduler.first_chunk, family=family)
         scheduler = Scheduler(cfg.scheduler, engine, audio, gate, metrics=metrics, family=family)

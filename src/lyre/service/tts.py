@@ -253,6 +253,9 @@ class TTSService:
         """A deleted voice's kept prefix leaves the engine at its next step."""
         if self._loop is not None and self._loop.alive:
             self._loop.post(lambda: self.scheduler.engine.forget_prefix(voice_id + ":"))
+        forget = getattr(self.scheduler.audio.codec, "forget", None) if self.scheduler is not None else None
+        if forget is not None:  # (a clone's warmed-up codec state; thread-safe)
+            forget(voice_id)
 
     def _cancel(self, session_id: str) -> None:
         if self._loop is not None and self._loop.alive:
@@ -324,12 +327,12 @@ class TTSService:
                 f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
             )
         pieces = split_text(request.text, MAX_SEGMENT_CHARS)
-        key, reference = self.voices.reference(voice) if isinstance(voice, Voice) else (None, [])
         options = dict(language=request.language, instructions=request.instructions)
         try:
-            if reference:  # a cloned voice: its reference turn, then the text (no voice name)
-                segments = [Segment(reference + self.family.prompt(self.tokenizer, p, None, **options), text=p,
-                                    prefix_key=key, prefix_len=len(reference)) for p in pieces]
+            if isinstance(voice, Voice):  # a cloned voice: its reference as its family reads it, then the text
+                key, reference = self.voices.reference(voice)
+                segments = [Segment(**self.family.cloned(self.tokenizer, p, key, reference, **options), text=p)
+                            for p in pieces]
             else:
                 segments = [Segment(self.family.prompt(self.tokenizer, p, voice, **options), text=p) for p in pieces]
         except InvalidRequest:

@@ -4,9 +4,10 @@
                                     consent={"granted": True, "speaker": "Ann", "source": "self_recorded"})
     async for chunk in tts.stream("Hello", voice=voice.id): ...
 
-Enrollment decodes and normalises the clip (:mod:`lyre.audio.clip`), encodes it with SNAC into
-Orpheus reference tokens (frame order of DESIGN.md section 3), and stores it with its consent
-record (:mod:`lyre.storage.registry`). Database work runs in worker threads, decoding and encoding
+Enrollment decodes and normalises the clip (:mod:`lyre.audio.clip`), encodes it as the model
+family needs (:mod:`lyre.service.cloning`: SNAC reference tokens for Orpheus; an x-vector, and
+with a transcript the 12 Hz codes, for Qwen3-TTS Base), and stores it with its consent record
+(:mod:`lyre.storage.registry`). Database work runs in worker threads, decoding and encoding
 in the bounded pool of :mod:`lyre.service.workers`; nothing here blocks the event loop or the engine
 thread. Enrollments are bounded per account (``accounts.max_enrollments``, counted by the front
 ends from the start of the upload) and in all (``voices.max_in_flight``, from the end of it). Deleting a voice drops its kept prefix in the
@@ -16,16 +17,12 @@ engine (through ``on_delete``) at once.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 from sqlalchemy.engine import Engine
 
 from lyre.audio.clip import prepare_clip
@@ -39,7 +36,7 @@ from lyre.errors import (
     UnknownVoice,
     shorten,
 )
-from lyre.model import orpheus
+from lyre.service.cloning import OrpheusCloning, QwenCloning
 from lyre.service.options import MAX_NAME_CHARS, Consent, parse
 from lyre.service.workers import AudioWorkers
 from lyre.storage.registry import ID_PATTERN, Voice, VoiceRegistry, check_name
@@ -48,32 +45,14 @@ from lyre.trust.tokens import SCOPE
 
 log = logging.getLogger("lyre.voices")
 
-MAX_TRANSCRIPT_CHARS = 5000
-
-
-def weights_id(snac_dir: Path) -> str:
-    """The identity of SNAC weights (reference tokens are only meaningful to the codec that made them)."""
-    digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors", "pytorch_model.bin"):
-        path = Path(snac_dir) / name
-        if path.is_file():
-            with path.open("rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-    return f"snac-sha256:{digest.hexdigest()[:16]}"
-
-
 class Voices:
     def __init__(self, config: LyreConfig):
         self.config = config
         self.registry: VoiceRegistry | None = None
         self.on_delete: list[Callable[[str], None]] = []  # called with the voice id after a deletion
-        self._snac: Any = None
-        self._tokenizer: Any = None
-        self._device: Any = None
+        self.cloning: OrpheusCloning | QwenCloning | None = None  # None: this model clones no voice
         self.codec_id = self.model_id = ""
-        self._encode_lock = threading.Lock()  # one SNAC encode at a time beside the codec
-        self._references: OrderedDict[str, list[int]] = OrderedDict()  # voice key -> reference-turn ids
+        self._references: OrderedDict[str, Any] = OrderedDict()  # voice key -> its prompts' reference part
         self.max_reference_tokens = 0  # set by attach()
         self.deleted: set[str] = set()  # voices deleted while this process runs: a Voice still held is refused
         self.workers = AudioWorkers(config.voices.workers, config.voices.max_in_flight)  # decode/encode uploads
@@ -82,14 +61,14 @@ class Voices:
         """At service start: the registry in ``database`` (opened and migrated by the service)."""
         self.registry = VoiceRegistry(database, self.config.voices.max_per_account)
 
-    def attach(self, snac: Any, tokenizer: Any, snac_dir: Path, model_id: str, max_reference_tokens: int) -> None:
-        """At service start (blocking): what enrollment encodes with and prompts are built with;
-        ``max_reference_tokens``: the longest reference turn that leaves room for a segment's text
-        and ``sampling.max_tokens`` in a slot (and fits the engine's prompt limit)."""
-        self._snac, self._tokenizer = snac, tokenizer  # snac None: this model family clones no voice (yet)
+    def attach(self, cloning: OrpheusCloning | QwenCloning | None, model_id: str, max_reference_tokens: int) -> None:
+        """At service start (blocking): what enrollment encodes with and prompts are built with (None:
+        this model clones no voice); ``max_reference_tokens``: the most positions a voice's reference
+        may take, leaving room for a segment's text and ``sampling.max_tokens`` in a slot (and the
+        engine's prompt limit)."""
+        self.cloning = cloning
         self.max_reference_tokens = max_reference_tokens
-        self._device = next(snac.parameters()).device if snac is not None else None
-        self.codec_id, self.model_id = weights_id(snac_dir), model_id
+        self.codec_id, self.model_id = (cloning.codec_id if cloning else ""), model_id
 
     def _registry(self) -> VoiceRegistry:
         if self.registry is None:
@@ -107,12 +86,13 @@ class Voices:
         recording the voice is created with (:meth:`lyre.service.consents.Consents.enroll`), named
         in its record; UnknownConsent once it is gone."""
         registry = self._registry()
-        if self._snac is None:
-            raise InvalidRequest("voice cloning is not available for this model (Qwen3-TTS: not yet); its built-in "
-                                 "voices are listed by GET /v1/voices")
+        cloning = self.cloning
+        if cloning is None:
+            raise InvalidRequest("voice cloning is not available for this model (Qwen3-TTS clones on Base checkpoints "
+                                 "only); its built-in voices are listed by GET /v1/voices")
         record = check_consent(consent)
         name = check_name(name)
-        transcript = self._check_transcript(transcript)
+        transcript = cloning.check_transcript(transcript)
         with self.workers.place():
             clip = await self.workers.run(prepare_clip, audio, self.config.voices, account=account)
             most = self.config.voices.max_transcript_chars_per_second * clip.seconds
@@ -120,45 +100,25 @@ class Voices:
                 raise InvalidRequest(f"the transcript has {len(transcript)} characters, more than a {clip.seconds:.1f} "
                                      f"s clip can hold (at most {most:.0f}: voices.max_transcript_chars_per_second); "
                                      "give the exact words spoken in the clip")
-            tokens = await self.workers.run(self._encode, clip.pcm, account=account)
-        reference = len(orpheus.build_reference_ids(self._tokenizer, transcript, tokens))
+            encoded = await self.workers.run(cloning.encode, clip.pcm, transcript, account=account)
+        reference = cloning.size(transcript, encoded)
         if reference > self.max_reference_tokens:
-            raise InvalidAudio(f"the clip and transcript make a {reference}-token reference; this server has room for "
-                               f"{self.max_reference_tokens} (kv_cache.max_seq_len less sampling.max_tokens and a "
+            raise InvalidAudio(f"the clip and transcript make a {reference}-position reference; this server has room "
+                               f"for {self.max_reference_tokens} (kv_cache.max_seq_len less sampling.max_tokens and a "
                                f"segment's text): use a shorter clip, about "
-                               f"{self.max_reference_tokens / orpheus.TOKENS_PER_SECOND * 0.9:.0f} s at most")
+                               f"{self.max_reference_tokens / cloning.positions_per_second * 0.9:.0f} s at most")
         record.update(time=datetime.now(timezone.utc).isoformat(), account=account, address=address,
                       upload_sha256=clip.upload_sha256)
         if consent_id is not None:
             record["consent_id"] = consent_id
         voice = await asyncio.to_thread(
             registry.add, name=name, owner=account, transcript=transcript, audio_flac=clip.flac,
-            audio_sha256=clip.flac_sha256, duration_s=clip.seconds, ref_token_ids=tokens, codec_id=self.codec_id,
-            model_id=self.model_id, consent=record, consent_id=consent_id)
-        log.info("voice %s enrolled by account %s (%.1f s, %d reference tokens)", voice.id, account, clip.seconds,
-                 len(tokens))
+            audio_sha256=clip.flac_sha256, duration_s=clip.seconds, ref_token_ids=encoded.codes,
+            codec_id=self.codec_id, model_id=self.model_id, consent=record, consent_id=consent_id,
+            speaker_embedding=encoded.speaker_embedding)
+        log.info("voice %s enrolled by account %s (%.1f s, %d reference codes%s)", voice.id, account, clip.seconds,
+                 len(encoded.codes), ", an x-vector" if encoded.speaker_embedding else "")
         return voice
-
-    def _check_transcript(self, transcript: Any) -> str:
-        if not isinstance(transcript, str) or not transcript.strip():
-            raise InvalidRequest("'transcript' is required: the exact words spoken in the clip")
-        transcript = " ".join(transcript.split())
-        if len(transcript) > MAX_TRANSCRIPT_CHARS:
-            raise InvalidRequest(f"'transcript' has {len(transcript)} characters; at most {MAX_TRANSCRIPT_CHARS}")
-        try:
-            orpheus.build_prompt_ids(self._tokenizer, transcript)  # control tokens, lone surrogates, ...
-        except (ValueError, UnicodeError) as e:
-            raise InvalidRequest(f"'transcript' is not usable: {e}") from None
-        return transcript
-
-    def _encode(self, pcm: np.ndarray) -> list[int]:
-        """Orpheus reference token ids of a 24 kHz clip (SNAC encode, frame order of DESIGN.md section 3)."""
-        import torch
-
-        with self._encode_lock, torch.inference_mode():
-            x = torch.from_numpy(pcm).to(self._device, next(self._snac.parameters()).dtype)[None, None]  # (1, 1, N)
-            c0, c1, c2 = self._snac.encode(x)  # (1, T), (1, 2T), (1, 4T)
-        return orpheus.codes_to_token_ids(c0[0], c1[0], c2[0])
 
     # --- lookups --------------------------------------------------------------------------------
 
@@ -202,6 +162,9 @@ class Voices:
     def _builtin(self, name: Any) -> str | None:
         model = self.config.model
         if name is None:
+            if not model.default_voice:
+                raise InvalidRequest("'voice' is required: this model speaks cloned voices only (GET /v1/voices lists "
+                                     "the account's)")
             return model.default_voice
         if not isinstance(name, str):
             raise InvalidRequest(f"'voice' must be a string, got {shorten(name)}")
@@ -215,24 +178,26 @@ class Voices:
 
     # --- prompts --------------------------------------------------------------------------------
 
-    def reference(self, voice: Voice) -> tuple[str, list[int]]:
-        """(prefix key, ids of the voice's reference turn): the part of its prompts shared by every
-        request, which the engine computes once and keeps."""
+    def reference(self, voice: Voice) -> tuple[str, Any]:
+        """(key, the voice's reference as its family's prompts read it: Orpheus's reference-turn ids,
+        a Qwen3-TTS clone): the part of its prompts shared by every request, which the engine computes
+        once and keeps under the key."""
         if voice.id in self.deleted:
             raise UnknownVoice(f"no voice {voice.id} (it was deleted)")
-        if voice.codec_id != self.codec_id:
+        if self.cloning is None or voice.codec_id != self.codec_id:
             raise InvalidRequest(f"voice {voice.id} was enrolled with other codec weights ({voice.codec_id}; this server "
-                                 f"runs {self.codec_id}): its reference tokens mean nothing here; enroll it again")
+                                 f"runs {self.codec_id or 'a model that clones no voice'}): its reference means nothing "
+                                 "here; enroll it again")
         key = f"{voice.id}:{voice.audio_sha256[:16]}"
-        ids = self._references.get(key)
-        if ids is None:
-            ids = orpheus.build_reference_ids(self._tokenizer, voice.transcript, voice.ref_token_ids)
-            self._references[key] = ids
+        reference = self._references.get(key)
+        if reference is None:
+            reference = self.cloning.reference(key, voice)
+            self._references[key] = reference
             while len(self._references) > 256:
                 self._references.popitem(last=False)
         else:
             self._references.move_to_end(key)
-        return key, ids
+        return key, reference
 
 
 def check_consent(consent: Mapping[str, Any] | None) -> dict[str, Any]:

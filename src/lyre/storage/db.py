@@ -37,8 +37,10 @@ voices = sa.Table(
     sa.Column("audio_flac", sa.LargeBinary, nullable=False),  # the normalised 24 kHz reference clip
     sa.Column("audio_sha256", sa.String(64), nullable=False),
     sa.Column("duration_s", sa.Float, nullable=False),
-    sa.Column("ref_token_ids", sa.JSON, nullable=False),  # Orpheus audio token ids of the clip, frame by frame
-    sa.Column("codec_id", sa.String(512), nullable=False),  # the SNAC weights the tokens were made with
+    # the clip's codes: Orpheus audio token ids, frame by frame; Qwen3-TTS: 16 codes a frame (none: x-vector mode)
+    sa.Column("ref_token_ids", sa.JSON, nullable=False),
+    sa.Column("codec_id", sa.String(512), nullable=False),  # the codec weights the codes were made with
+    sa.Column("speaker_embedding", sa.LargeBinary, nullable=True),  # Qwen3-TTS Base: the clip's x-vector (float32)
     sa.Column("model_id", sa.String(512), nullable=False),  # the checkpoint served at enrollment
     sa.Column("consent", sa.JSON, nullable=False),
     # the consent recording (voice_consents) the voice was created with; null: a consent record in ``consent`` only

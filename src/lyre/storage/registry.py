@@ -55,6 +55,7 @@ class Voice:
     model_id: str
     consent: dict[str, Any]
     consent_id: str | None = None  # the consent recording it was created with (lyre.storage.consents)
+    speaker_embedding: bytes | None = field(default=None, repr=False)  # Qwen3-TTS Base: its x-vector (float32)
 
     def summary(self) -> dict[str, Any]:
         """What ``GET /v1/voices/{id}`` shows (no audio, no tokens, no consent details)."""
@@ -101,13 +102,14 @@ class VoiceRegistry:
 
     def add(self, *, name: str, owner: str, transcript: str, audio_flac: bytes, audio_sha256: str,
             duration_s: float, ref_token_ids: list[int], codec_id: str, model_id: str,
-            consent: dict[str, Any], consent_id: str | None = None) -> Voice:
+            consent: dict[str, Any], consent_id: str | None = None, speaker_embedding: bytes | None = None) -> Voice:
         """A new voice of ``owner``; with ``consent_id``, created with that consent recording of
         ``owner``'s, which must still exist when the voice is stored (UnknownConsent otherwise)."""
         row = {"id": new_id(), "owner": owner, "name": check_name(name), "created_at": datetime.now(timezone.utc),
                "transcript": transcript, "audio_flac": audio_flac, "audio_sha256": audio_sha256,
                "duration_s": duration_s, "ref_token_ids": list(ref_token_ids), "codec_id": codec_id,
-               "model_id": model_id, "consent": consent, "consent_id": consent_id}
+               "model_id": model_id, "consent": consent, "consent_id": consent_id,
+               "speaker_embedding": speaker_embedding}
         try:
             with database_errors(), self.engine.begin() as c:
                 if c.dialect.name == "postgresql":  # one enrollment of an account at a time
@@ -197,4 +199,5 @@ def _voice(row: Any) -> Voice:
     return Voice(id=row["id"], name=row["name"], owner=row["owner"], created_at=created,
                  transcript=row["transcript"], audio_sha256=row["audio_sha256"], duration_s=row["duration_s"],
                  ref_token_ids=tuple(row["ref_token_ids"]), codec_id=row["codec_id"], model_id=row["model_id"],
-                 consent=dict(row["consent"]), consent_id=row["consent_id"])
+                 consent=dict(row["consent"]), consent_id=row["consent_id"],
+                 speaker_embedding=row["speaker_embedding"])

@@ -25,9 +25,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "lyre checkpoint") -> in
                         "token on a CPU, in proportion), or a config.json whose shape it takes; serve it with "
                         "--set model.path=DIR/llama")
     p_demo.add_argument("--force", action="store_true", help="rewrite even when an up-to-date demo is there")
-    p_demo.add_argument("--variant", choices=("custom_voice", "voice_design"), default="custom_voice",
-                        help="with --family qwen3-tts: a CustomVoice checkpoint (built-in speakers; default) or a "
-                             "VoiceDesign one (its voice described by each request's instructions)")
+    p_demo.add_argument("--variant", choices=("custom_voice", "voice_design", "base"), default="custom_voice",
+                        help="with --family qwen3-tts: a CustomVoice checkpoint (built-in speakers; default), a "
+                             "VoiceDesign one (its voice described by each request's instructions) or a Base one "
+                             "(cloned voices only: its speaker encoder and the 12 Hz tokenizer's encoder)")
     p_demo.add_argument("--family", choices=("orpheus", "qwen3-tts"), default="orpheus",
                         help="orpheus (default: DIR gets llama/ and snac/) or qwen3-tts (DIR is a Qwen3-TTS "
                         "checkpoint of --variant, speech_tokenizer/ inside; --shape tiny or small: the real code "

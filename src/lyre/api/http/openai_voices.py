@@ -128,12 +128,12 @@ async def create_voice(request: web.Request) -> web.Response:
         if "consent" not in form:
             raise InvalidRequest("'consent' is required: the id of the speaker's consent recording "
                                  "(POST /v1/audio/voice_consents)")
-        if "transcript" not in form:
+        if "transcript" not in form and getattr(service.voices.cloning, "needs_transcript", True):
             raise InvalidRequest("'transcript' is required: the exact words spoken in audio_sample (Lyre clones a "
                                  "voice from a recording and its transcript; with the openai SDK pass "
                                  "extra_body={\"transcript\": \"...\"})")
         voice = await service.consents.enroll(form["audio_sample"], consent=form["consent"], name=form.get("name"),
-                                              transcript=form["transcript"], account=account,
+                                              transcript=form.get("transcript"), account=account,
                                               address=_address(request))
     return web.json_response(voice_object(voice))
 

@@ -7,10 +7,17 @@ no provisional audio, no padding at the end, no crossfade. The first chunk is du
 listener needs audio (at the earliest after ``first_flush_frames``), later ones when
 ``chunk_frames`` frames wait or the listener would run dry, and the last when the segment ends:
 the audio is frames x 1920 samples, each frame decoded once.
+
+A clone in reference-transcript mode speaks on from its reference clip: its stream starts from the
+decoder state after the clip's frames (:class:`WarmUp`; the reference decodes the clip's frames
+and the generated ones as one sequence and cuts the clip's audio off). That state is computed once
+per voice on the codec's thread and kept (the newest ``WARM_STATES``), dropped when the voice is.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +26,16 @@ import torch
 from lyre.codec.base import CodecCounters, CodecStats, FrameStream, StreamSettings, decode_isolated
 from lyre.codec.qwen12hz.decoder import Decoder, StreamState
 from lyre.cpu import LEDGER
+
+WARM_STATES = 32  # voices whose warmed-up decoder state is kept
+
+
+@dataclass(frozen=True, eq=False)
+class WarmUp:
+    """Frames decoded before a stream's first, unheard: a cloned voice's reference clip."""
+
+    key: str  # the voice and its clip ("<voice id>:<audio hash>"): the kept state's name
+    frames: np.ndarray  # (T, 16) codes, codebook 0 first
 
 
 @dataclass
@@ -41,6 +58,8 @@ class TwelveHzResult:
 @dataclass(eq=False)
 class TwelveHzStream(FrameStream):
     """One segment's frames and its decoder's :class:`StreamState` (None before its first frame)."""
+
+    warm: WarmUp | None = None
 
     def frames_to_exact(self, emitted: int | None = None) -> int:
         """Frames still to come before exact audio can extend what was emitted: none lag behind."""
@@ -98,11 +117,39 @@ class TwelveHzCodec:
         self.counters = CodecCounters(samples_per_frame=self.samples_per_frame)
         self.live: set[TwelveHzStream] = set()
         self.state_bytes = sum(t.numel() * t.element_size() for t in decoder.new_state(1).tensors.values())
+        self._warm: OrderedDict[str, StreamState] = OrderedDict()  # WarmUp.key -> the state after its frames
+        self._warm_lock = threading.Lock()  # (forget() comes from the event loop, decoding on the codec thread)
 
-    def new_stream(self, settings: StreamSettings) -> TwelveHzStream:
-        stream = TwelveHzStream(self, settings)
+    def new_stream(self, settings: StreamSettings, warm: WarmUp | None = None) -> TwelveHzStream:
+        stream = TwelveHzStream(self, settings, warm=warm)
         self.live.add(stream)
         return stream
+
+    def forget(self, voice_id: str) -> None:
+        """Drop the kept states of ``voice_id`` (it was deleted)."""
+        with self._warm_lock:
+            for key in [k for k in self._warm if k.startswith(voice_id + ":")]:
+                del self._warm[key]
+
+    def _initial(self, stream: TwelveHzStream) -> StreamState:
+        """The state a stream's first frame is decoded from: a fresh one, or its warm-up's (kept)."""
+        if stream.warm is None:
+            return self.decoder.new_state(1)
+        key = stream.warm.key
+        with self._warm_lock:
+            state = self._warm.get(key)
+            if state is not None:
+                self._warm.move_to_end(key)
+        if state is None:
+            state = self.decoder.new_state(1)
+            codes = torch.from_numpy(np.ascontiguousarray(stream.warm.frames.T))[None]  # (1, 16, T)
+            self.decoder.stream(codes.to(next(self.decoder.parameters()).device), state)  # (its audio unheard)
+            self.counters.frames_decoded += codes.shape[-1]
+            with self._warm_lock:
+                self._warm[key] = state
+                while len(self._warm) > WARM_STATES:
+                    self._warm.popitem(last=False)
+        return StreamState({k: v.clone() for k, v in state.tensors.items()})
 
     def stats(self) -> CodecStats:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live),
@@ -127,7 +174,7 @@ class TwelveHzCodec:
     @torch.inference_mode()
     def _call(self, group: list[TwelveHzJob]) -> list[TwelveHzResult]:
         p = next(self.decoder.parameters())
-        state = StreamState.stack([j.stream.state or self.decoder.new_state(1) for j in group])
+        state = StreamState.stack([j.stream.state or self._initial(j.stream) for j in group])
         codes = torch.from_numpy(np.stack([j.frames for j in group])).transpose(1, 2).to(p.device)  # (B, 16, c)
         audio = self.decoder.stream(codes, state)[:, 0].float().cpu().numpy()  # (B, c * 1920)
         # (copies of the state rows: a view would keep the whole batch's tensors alive)

@@ -15,9 +15,11 @@ import torch
 from safetensors.torch import save_file
 
 from lyre.codec.qwen12hz import Decoder, DecoderConfig
+from lyre.codec.qwen12hz.encoder import mimi_encoder
 from lyre.family.qwen3tts.tokenizer import SPLIT_PATTERN, byte_level_bpe
 from lyre.model.demo import _CORPUS, MARKER, replaced_directory
 from lyre.model.qwen3tts import CODE_GROUPS, CODES
+from lyre.model.qwen3tts.speaker import SpeakerEncoder, SpeakerEncoderConfig
 
 DEMO_FORMAT = 2
 TEXT_VOCAB = 151936
@@ -59,16 +61,24 @@ _README = """\
 
 Written by `lyre checkpoint demo --family qwen3-tts`. The weights are seeded random numbers:
 everything it "says" is noise. It has the layout, control ids, languages and speakers of
-Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice, so Lyre serves it as it would the real model.
+Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice (or the -VoiceDesign or -Base layout it was written as), so
+Lyre serves it as it would the real model.
 """
 
 
-VARIANTS = {"custom_voice": "0b6", "voice_design": "1b7"}  # the model types written, and the size each says
+VARIANTS = {"custom_voice": "0b6", "voice_design": "1b7", "base": "0b6"}  # model types written, the size each says
+# Base: the speaker encoder at a tiny width (the real one: channels 512 x 4 + 1536, attention and SE 128)
+SPEAKER_ENCODER = dict(enc_channels=[16, 16, 16, 16, 48], enc_attention_channels=8, enc_se_channels=8)
+# Base: the 12 Hz tokenizer's encoder (Mimi) at a tiny width: the real 1920-sample frame, 2048 codes
+MIMI = dict(hidden_size=32, num_filters=4, num_residual_layers=1, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=16, intermediate_size=64, codebook_size=CODES, codebook_dim=16,
+            vector_quantization_hidden_dimension=16, num_quantizers=32, upsample_groups=32, sliding_window=250)
 
 
 def demo_config(shape: str = "tiny", variant: str = "custom_voice") -> dict[str, Any]:
     """config.json as the reference's ``save_pretrained`` writes it, in ``shape`` (:data:`SHAPES`),
-    a CustomVoice checkpoint (0.6B's speakers) or a VoiceDesign one (1.7B's: no speakers)."""
+    a CustomVoice checkpoint (0.6B's speakers), a VoiceDesign one (1.7B's: no speakers) or a Base
+    one (no speakers; a speaker encoder)."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown Qwen3-TTS demo variant {variant!r}: one of {', '.join(VARIANTS)}")
     speakers = SPEAKERS if variant == "custom_voice" else {}
@@ -83,10 +93,13 @@ def demo_config(shape: str = "tiny", variant: str = "custom_voice") -> dict[str,
                   code_predictor_config=dict(decoder(cp_shape), vocab_size=CODES, num_code_groups=CODE_GROUPS),
                   spk_id=speakers, spk_is_dialect={s: DIALECTS.get(s, False) for s in speakers},
                   codec_language_id=LANGUAGES, **CODEC_IDS)
-    return {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-            "tts_model_type": variant, "tts_model_size": VARIANTS[variant], "assistant_token_id": 77091,
-            "im_start_token_id": 151644, "im_end_token_id": 151645, "tts_pad_token_id": 151671,
-            "tts_bos_token_id": 151672, "tts_eos_token_id": 151673, "talker_config": talker, "dtype": "float32"}
+    config = {"architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
+              "tts_model_type": variant, "tts_model_size": VARIANTS[variant], "assistant_token_id": 77091,
+              "im_start_token_id": 151644, "im_end_token_id": 151645, "tts_pad_token_id": 151671,
+              "tts_bos_token_id": 151672, "tts_eos_token_id": 151673, "talker_config": talker, "dtype": "float32"}
+    if variant == "base":
+        config["speaker_encoder_config"] = dict(SPEAKER_ENCODER, enc_dim=talker_shape["hidden_size"])
+    return config
 
 
 def _decoder_weights(d: dict[str, int], prefix: str) -> dict[str, tuple[int, ...]]:
@@ -110,7 +123,7 @@ def _shape(shape: str) -> tuple[dict[str, int], dict[str, int], int]:
     return SHAPES[shape]
 
 
-def weight_shapes(shape: str = "tiny") -> dict[str, tuple[int, ...]]:
+def weight_shapes(shape: str = "tiny", variant: str = "custom_voice") -> dict[str, tuple[int, ...]]:
     """Every tensor of the demo's model.safetensors in ``shape``, by the reference's names."""
     talker, predictor, text_hidden = _shape(shape)
     h, cp = talker["hidden_size"], predictor["hidden_size"]
@@ -127,14 +140,17 @@ def weight_shapes(shape: str = "tiny") -> dict[str, tuple[int, ...]]:
     for j in range(CODE_GROUPS - 1):
         shapes[f"talker.code_predictor.model.codec_embedding.{j}.weight"] = (CODES, h)
         shapes[f"talker.code_predictor.lm_head.{j}.weight"] = (CODES, cp)
+    if variant == "base":
+        encoder = SpeakerEncoder(SpeakerEncoderConfig.from_dict(dict(SPEAKER_ENCODER, enc_dim=h)))
+        shapes |= {f"speaker_encoder.{k}": tuple(v.shape) for k, v in encoder.state_dict().items()}
     return shapes
 
 
-def random_weights(seed: int, shape: str = "tiny") -> dict[str, torch.Tensor]:
+def random_weights(seed: int, shape: str = "tiny", variant: str = "custom_voice") -> dict[str, torch.Tensor]:
     """Seeded random weights: norms at one, biases at zero, the rest N(0, 0.02) as the reference initialises."""
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, size in sorted(weight_shapes(shape).items()):
+    for name, size in sorted(weight_shapes(shape, variant).items()):
         if name.endswith("norm.weight"):
             out[name] = torch.ones(size)
         elif name.endswith(".bias"):
@@ -168,7 +184,7 @@ def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny", variant: str =
     with replaced_directory(out_dir) as tmp:
         _json(tmp / "config.json", config)
         _json(tmp / "generation_config.json", GENERATION)
-        save_file(random_weights(seed, shape), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_file(random_weights(seed, shape, variant), str(tmp / "model.safetensors"), metadata={"format": "pt"})
         vocab, merges = demo_tokenizer()
         vocab = dict(vocab) | {text: i for i, text in SPECIAL_TOKENS.items()}
         byte_level_bpe(vocab, merges, SPECIAL_TOKENS)  # (it builds: the files say what they should)
@@ -177,25 +193,35 @@ def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny", variant: str =
         _json(tmp / "tokenizer_config.json", {
             "added_tokens_decoder": {str(i): {"content": t, "special": True} for i, t in SPECIAL_TOKENS.items()},
             "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768})
-        write_speech_tokenizer(tmp / "speech_tokenizer", seed)
+        write_speech_tokenizer(tmp / "speech_tokenizer", seed, encoder=variant == "base")
         (tmp / "README.md").write_text(_README)
         _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts", "shape": shape,
                              "variant": variant})
     return Path(out_dir)
 
 
-def write_speech_tokenizer(out_dir: Path, seed: int) -> Path:
+def write_speech_tokenizer(out_dir: Path, seed: int, encoder: bool = False) -> Path:
     """``speech_tokenizer/``: the 12 Hz tokenizer's config and its decoder's weights (seeded random,
-    the convolutions' small enough that the audio is not clamped)."""
+    the convolutions' small enough that the audio is not clamped); with ``encoder`` (Base), its
+    encoder's too (random codebooks: Mimi's start at zero, which would make every code 0)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    _json(out_dir / "config.json", {"model_type": "qwen3_tts_tokenizer_12hz", "decoder_config": DECODER,
-                                    "decode_upsample_rate": 1920, "output_sample_rate": 24000})
+    config = {"model_type": "qwen3_tts_tokenizer_12hz", "decoder_config": DECODER, "decode_upsample_rate": 1920,
+              "output_sample_rate": 24000}
     decoder = Decoder(DecoderConfig.from_dict(DECODER))
     g = torch.Generator().manual_seed(seed + 1)
     weights = {}
     for name, p in decoder.state_dict().items():
         value = torch.randn(p.shape, generator=g) * (0.3 if name.startswith("pre_transformer") else 0.05)
         weights["decoder." + name] = value.abs() + 0.5 if name.endswith("cluster_usage") else value
+    if encoder:
+        config |= {"encoder_config": MIMI, "encoder_valid_num_quantizers": CODE_GROUPS,
+                   "encode_downsample_rate": 1920, "input_sample_rate": 24000}
+        for name, t in mimi_encoder(MIMI).state_dict().items():
+            if t.is_floating_point():
+                value = torch.randn(t.shape, generator=g) * 0.1
+                t = value.abs() + 0.5 if name.endswith(("cluster_usage", "initialized")) else value
+            weights["encoder." + name] = t
+    _json(out_dir / "config.json", config)
     save_file(weights, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return out_dir
 

@@ -14,12 +14,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
+from lyre.codec.qwen12hz.runtime import WarmUp
 from lyre.config import LyreConfig, SamplingConfig
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.qwen3.request import CodeSampling, FrameRequest, talker_sampling
 from lyre.errors import LyreError
 from lyre.model import orpheus
-from lyre.model.qwen3tts import CODE_GROUPS, Qwen3TTSConfig, TalkerPrompt, build_prompt
+from lyre.model.qwen3tts import CODE_GROUPS, CloneReference, Qwen3TTSConfig, TalkerPrompt, build_prompt
 
 SAMPLES_PER_FRAME = 1920  # 80 ms at 24 kHz
 FRAME_CAP_BASE = 25  # frames (2 s) every segment may take...
@@ -62,7 +65,7 @@ class QwenFamily:
     @property
     def voices(self) -> tuple[str, ...]:
         """The checkpoint's built-in speakers (CustomVoice), or VoiceDesign's one voice (the one its
-        instructions describe); none for Base (its voices are cloned)."""
+        instructions describe); none for Base (its voices are cloned: :meth:`cloned`)."""
         if self.cfg.model_type == "voice_design":
             return (DESIGNED_VOICE,)
         return tuple(self.cfg.speakers)
@@ -103,10 +106,26 @@ class QwenFamily:
             given["min_tokens"] = min(talker_sampling(self.cfg).min_tokens, given["max_tokens"])
         return talker_sampling(self.cfg, **given)
 
-    def prompt(self, tokenizer: Any, text: str, voice: str, language: str | None = None,
-               instructions: str | None = None) -> TalkerPrompt:
-        """The rows that speak ``text`` in built-in ``voice``; ValueError naming a field this model
-        cannot honour."""
+    def cloned(self, tokenizer: Any, text: str, key: str, reference: CloneReference, language: str | None = None,
+               instructions: str | None = None) -> dict[str, Any]:
+        """A Base checkpoint's segment in a cloned voice: its x-vector as the speaker row and, in
+        reference-transcript mode, its transcript and frames before the text (the text read a token
+        a frame, as the reference's generate_voice_clone does), the codec warmed with its frames."""
+        prompt = self.prompt(tokenizer, text, None, language, instructions, clone=reference)
+        warm = WarmUp(key, np.asarray(reference.frames, dtype=np.int64)) if reference.frames else None
+        return dict(prompt=prompt, codec_warmup=warm)
+
+    def text_ids(self, tokenizer: Any, text: str, what: str) -> list[int]:
+        """``text``'s ids as the talker reads them (ValueError for text that spells a control token)."""
+        return self._encode(tokenizer, text, what)
+
+    def prompt(self, tokenizer: Any, text: str, voice: str | None, language: str | None = None,
+               instructions: str | None = None, clone: CloneReference | None = None) -> TalkerPrompt:
+        """The rows that speak ``text`` in built-in ``voice`` (or a ``clone``'s); ValueError naming a
+        field this model cannot honour."""
+        if self.cfg.model_type == "base" and clone is None:
+            raise ValueError("this Qwen3-TTS Base checkpoint speaks cloned voices only: enroll one (POST /v1/voices) "
+                             "and give its id as 'voice'")
         tag = next((t for t in orpheus.EMOTION_TAGS if t in text), None)
         if tag is not None:
             raise ValueError(f"the text has {tag}, an Orpheus emotion tag: Qwen3-TTS would read it aloud; leave it "
@@ -128,7 +147,7 @@ class QwenFamily:
         role = self._encode(tokenizer, "<|im_start|>assistant\n", "role", template=True)
         return build_prompt(self.cfg, text_ids, speaker=voice if self.cfg.speakers else None,
                             language=language or "auto", instruct_ids=instruct_ids, role_ids=role,
-                            non_streaming=self.cfg.model_type in WHOLE_TEXT,
+                            non_streaming=self.cfg.model_type in WHOLE_TEXT, clone=clone,
                             max_frames=FRAME_CAP_BASE + FRAMES_PER_TEXT_TOKEN * len(text_ids))
 
     def _encode(self, tokenizer: Any, text: str, what: str, template: bool = False) -> list[int]:
@@ -156,10 +175,11 @@ def family_config(cfg: LyreConfig, family: QwenFamily) -> LyreConfig:
     Orpheus's default becomes every speaker (a list of speakers is kept; a name that is not one is
     refused), the default voice one of them, OpenAI's and Riva's names aliases of them."""
     speakers = family.voices
-    if not speakers:
-        raise LyreError(f"this Qwen3-TTS checkpoint is {family.cfg.model_type}: Lyre serves CustomVoice (built-in "
-                        f"speakers) and VoiceDesign checkpoints so far; Base (its voices cloned) not yet")
     m = cfg.model
+    if not speakers:  # Base: cloned voices only, no default
+        model = m.model_copy(update={"voices": (), "default_voice": "", "voice_aliases": {}})
+        riva = cfg.riva.model_copy(update={"subvoices": {}, "voice_aliases": {}})
+        return cfg.model_copy(update={"model": model, "riva": riva})
     voices = speakers if tuple(m.voices) == orpheus.VOICES else tuple(v.lower() for v in m.voices)
     unknown = [v for v in voices if v not in speakers]
     if unknown:

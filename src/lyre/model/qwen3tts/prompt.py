@@ -61,8 +61,9 @@ class TalkerPrompt:
         language and instructions share it)."""
         if not self.prefix_len:
             return None
-        named = (self.voice_key, self.rows[: self.prefix_len])
-        return "rows:" + hashlib.sha256(repr(named).encode()).hexdigest()[:24]
+        digest = hashlib.sha256(repr((self.voice_key, self.rows[: self.prefix_len])).encode()).hexdigest()[:24]
+        # (a clone's starts with its voice's key "<voice id>:...": dropped with the voice)
+        return f"{self.voice_key}:rows:{digest}" if self.voice_key else f"rows:{digest}"
 
     def __len__(self) -> int:
         return len(self.rows)
