@@ -23,7 +23,8 @@ time) or llamacpp (llama.cpp's batched decoding of the checkpoint exported to GG
 engine: tokens/s of the token engine at each concurrency vs transformers generate, sequential, and
 with --baseline llamacpp vs llama.cpp at each concurrency.
 service: streams through the library API (no network), per scheduler policy and codec mode.
-codec: SNAC decode time per emitted frame, per codec mode and runtime, at each batch size.
+codec: SNAC decode time per emitted frame, per codec mode and runtime, at each batch size (--family qwen3-tts:
+the 12 Hz decoder's, torch streaming, and torch against onnxruntime on its stateless decode of a chunk).
 soak: the reliability suite on a server it starts: a soak with disconnects and cancels over all
 three protocols (then: slots, sessions and codec states left, RSS growth, error lines), an overload
 burst, SIGTERM under load, and hypothesis fuzzing of every surface.
@@ -49,6 +50,7 @@ from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import isolation as isolation_bench
 from lyre.benchmarks import qwen as qwen_bench
+from lyre.benchmarks import qwen_codec as qwen_codec_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
@@ -206,8 +208,12 @@ def main(argv=None) -> int:
                 p.error("--runtimes takes torch, onnxruntime and/or openvino")
             if args.chunk < 1:
                 p.error("--chunk must be >= 1")
-            result = codec_bench.run(cfg, args.batches, args.chunk, runtimes, progress=say)
-            text = codec_bench.table(result)
+            if qwen_dir is not None:
+                result = qwen_codec_bench.run(args.batches, args.chunk, runtimes, cfg.codec.cpu_threads, progress=say)
+                text = qwen_codec_bench.table(result)
+            else:
+                result = codec_bench.run(cfg, args.batches, args.chunk, runtimes, progress=say)
+                text = codec_bench.table(result)
         elif args.mode == "soak":
             settings = soak_bench.SoakSettings(
                 requests=args.requests or 300, concurrency=args.concurrent,

@@ -156,3 +156,28 @@ def test_service_mode_runs_the_qwen3_tts_family(bench, tmp_path):
     (level,) = json.loads(out_file.read_text())["runs"][0]["levels"]
     assert level["concurrency"] == 2 and level["ttfb_ms_p50"] > 0 and level["audio_s_per_wall_s"] > 0
     assert level["decoded_per_emitted"] == 1.0  # the 12 Hz decoder: each frame decoded once
+
+
+def qwen_codec_rows(runtimes: list[str]) -> list[dict]:
+    from lyre.benchmarks import qwen_codec
+    from lyre.codec.qwen12hz import DecoderConfig
+    from tests.support.qwen_reference import tiny_decoder_config
+
+    result = qwen_codec.run([1, 2], 1, runtimes, progress=lambda _: None,
+                            decoder_config=DecoderConfig.from_dict(tiny_decoder_config()))
+    assert "12 Hz decoder" in qwen_codec.table(result)
+    return result["rows"]
+
+
+def test_qwen_codec_mode_measures_the_12hz_streaming_decoder_at_each_batch_size():
+    rows = qwen_codec_rows(["torch"])
+    assert [(r["what"], r["batch"]) for r in rows] == [("stream", 1), ("stream", 2)]
+    assert all(r["ms_per_frame"] > 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_qwen_codec_mode_sets_onnxruntime_against_torch_on_the_same_decode():
+    rows = qwen_codec_rows(["torch", "onnxruntime"])
+    ort = [r for r in rows if r["runtime"] == "onnxruntime"]
+    assert [r["batch"] for r in ort] == [1, 2]
+    assert all(r["speedup_vs_torch"] > 0 and r["max_error_vs_torch"] < 1e-4 for r in ort)
