@@ -294,3 +294,37 @@ def test_a_fault_in_one_requests_code_prediction_ends_only_that_request(referenc
     assert got["bad"].shape == (2, 16) and torch.equal(got["bad"], clean["bad"][:2])
     assert torch.equal(got["a"], clean["a"]) and torch.equal(got["b"], clean["b"])
     assert engine.slots.free == engine.capacity
+
+
+def test_static_decode_steps_are_the_token_engines(reference, engine, tmp_path):
+    """Decode-only steps over static shapes (the CUDA graphs' code, run eagerly here): slots that do
+    not decode in a step are gap rows that change nothing (a finished request's, and a live one held
+    out of a few steps), a request admitted midway prefills in an ordinary step between static ones,
+    and every request's frames are the ordinary engine's and the reference's."""
+    reference.save_pretrained(tmp_path)
+    static = QwenEngine.from_checkpoint(tmp_path, TorchEngineConfig(slots=4, max_batch_size=4, max_seq_len=256),
+                                        static_decode=True)
+    assert engine.static is None  # (on a CPU the engine runs the ordinary step unless asked)
+
+    def scenario(e) -> dict[str, torch.Tensor]:
+        first = [greedy(e, "a", TEXTS[0]), greedy(e, "b", TEXTS[1], frames=3), greedy(e, "c", TEXTS[2])]
+        for r in first:
+            assert e.add(r)
+        codes: dict[str, list[int]] = {}
+        steps = 0
+        while e.has_work():
+            held_out = 9 <= steps < 12  # (d decodes from step 7; its slot is a live gap for three steps)
+            for delta in e.step(order=["a", "c"] if held_out else None):
+                codes.setdefault(delta.request_id, []).extend(delta.token_ids)
+            steps += 1
+            if steps == 6:  # (b has finished: slot 1 is a gap; d prefills beside a, c decoding)
+                assert e.add(greedy(e, "d", TEXTS[1]))
+        return {k: torch.tensor(v).view(-1, 16) for k, v in codes.items()}
+
+    want, got = scenario(engine), scenario(static)
+    assert got.keys() == want.keys() == {"a", "b", "c", "d"}
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+    assert torch.equal(got["a"], reference_frames(reference, TEXTS[:1])[0])
+    assert static.static.steps > 0 and static.static.gap_rows > 0
+    assert static.slots.free == 4

@@ -17,11 +17,13 @@ Positions count per slot from 0 (the reference's three equal M-RoPE rows are pla
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from lyre.engine.base import GenerationRequest, SamplingParams, TokenDelta
+from lyre.engine.qwen3.decode_graph import StaticDecode
 from lyre.engine.qwen3.model import Talker, load_qwen3tts
 from lyre.engine.qwen3.request import FrameRequest, FrameSequence
 from lyre.engine.qwen3.sampler import Frame, FrameSampler
@@ -34,21 +36,38 @@ from lyre.model.qwen3tts import CODE_GROUPS, CODES, Qwen3TTSConfig, TalkerPrompt
 from lyre.model.qwen3tts.prompt import XVECTOR
 
 
+@dataclass
+class StaticStep:
+    """A decode-only step's input for :class:`StaticDecode`: a row per decoding slot, in decode order."""
+
+    rows: torch.Tensor  # (N, H)
+    slots: list[int]
+    positions: list[int]
+
+
 class QwenEngine(TorchEngine):
     PROMPT_UNIT = "rows"
 
-    def __init__(self, talker: Talker, config: TorchEngineConfig):
+    def __init__(self, talker: Talker, config: TorchEngineConfig, static_decode: bool | None = None):
+        """``static_decode``: decode-only steps over static shapes (:mod:`.decode_graph`; default: on a
+        GPU, where they are CUDA graphs; on a CPU the eager static step only serves the tests)."""
         super().__init__(talker.decoder, config)
         self.talker = talker
+        graphs = self.device.type == "cuda"
         # (the code predictor's 15-pass loop: one CUDA graph per batch bucket on a GPU, eager elsewhere)
-        self.sampler = FrameSampler(talker, config.slots, self.device, graphs=self.device.type == "cuda")
+        self.sampler = FrameSampler(talker, config.slots, self.device, graphs=graphs)
+        static = graphs if static_decode is None else static_decode
+        self.static = StaticDecode(talker.decoder, self.cache, graphs=graphs) if static else None
         with torch.inference_mode():
             self.pad_row = talker.text_rows(upload([talker.cfg.text.tts_pad], self.device))[0]  # (H,)
-            if self.sampler.loop.graphs:
+            if graphs:
                 self.sampler.loop.prepare(self.device)
+                if self.static is not None:
+                    self.static.prepare()
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, config: TorchEngineConfig) -> QwenEngine:
+    def from_checkpoint(cls, model_dir: str | Path, config: TorchEngineConfig,
+                        static_decode: bool | None = None) -> QwenEngine:
         cfg = read_qwen3tts_config(model_dir)
         weights = {}
         from safetensors.torch import load_file
@@ -56,7 +75,7 @@ class QwenEngine(TorchEngine):
         for f in checkpoint.safetensors_files(model_dir):
             weights.update(load_file(str(f)))
         device = torch.device(config.device)
-        return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config)
+        return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode)
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -97,13 +116,19 @@ class QwenEngine(TorchEngine):
     # --- run ------------------------------------------------------------------------------------
 
     def _build(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]
-               ) -> tuple[ForwardBatch, list[Sequence]]:
+               ) -> tuple[ForwardBatch | StaticStep, list[Sequence]]:
         """The step's input rows: a decode row per decoding slot (its last frame + its text track),
-        then each prompt chunk's rows; ids are placeholders (the model reads the rows)."""
+        then each prompt chunk's rows; ids are placeholders (the model reads the rows). A decode-only
+        step is a :class:`StaticStep` where static decoding is on."""
         seqs, rows = [], []
         for s in decode:
             seqs.append((s.slot, s.num_cached, [0], True))
             rows.append((s.frame_row + s.text_row(self.pad_row))[None])  # (1, H)
+        if self.static is not None and decode and not prefill:
+            step = StaticStep(torch.cat(rows), [s.slot for s in decode], [s.num_cached for s in decode])
+            for s in decode:
+                s.num_cached += 1
+            return step, list(decode)
         samplers = list(decode)
         for s, n in prefill:
             done = s.num_cached + n == s.prompt_len
@@ -118,6 +143,11 @@ class QwenEngine(TorchEngine):
         for s, n in prefill:
             s.num_cached += n
         return batch, samplers
+
+    def _forward(self, batch: ForwardBatch | StaticStep) -> torch.Tensor:
+        if isinstance(batch, StaticStep):
+            return self.static(batch.rows, batch.slots, batch.positions)  # (N, H)
+        return super()._forward(batch)
 
     # --- postprocess ----------------------------------------------------------------------------
 

@@ -247,7 +247,7 @@ class TorchEngine:
         try:
             batch, samplers = self._build(decode, prefill)
             with LEDGER.measure("model"):
-                hidden = self.model(batch, self.cache)  # (N, H): one row per sampling sequence
+                hidden = self._forward(batch)  # (N, H): one row per sampling sequence
             with LEDGER.measure("sampling"):
                 tokens, logits, logit_ids = self.sampler.sample(samplers, hidden)
         except Exception:
@@ -260,6 +260,9 @@ class TorchEngine:
             self.prefilled_tokens += n
             self._keep_prefix(s)
         return self._postprocess(samplers, tokens, logits, logit_ids)
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model(batch, self.cache)
 
     def _isolate(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
         """The failed step again, one request at a time: only those that fail alone finish with an
