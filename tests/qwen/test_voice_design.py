@@ -33,3 +33,24 @@ def test_its_voice_is_the_one_its_instructions_describe(server):
     assert rate == 24000 and len(audio) > 0 and len(audio) % 1920 == 0
     with pytest.raises(BadRequestError, match="'instructions' is required"):
         client.audio.speech.create(model="qwen3-tts", voice="design", input="Good evening.")
+
+
+def test_riva_clients_describe_the_voice_in_custom_configuration(server):
+    """Riva's request has no field for a voice description: ``custom_configuration`` carries it."""
+    import grpc
+    import numpy as np
+    from riva.client.proto import riva_tts_pb2, riva_tts_pb2_grpc
+
+    def say(**custom) -> bytes:
+        return stub.Synthesize(riva_tts_pb2.SynthesizeSpeechRequest(
+            text="Good evening.", encoding=1, sample_rate_hz=24000, custom_configuration={"seed": "2", **custom})).audio
+
+    with grpc.insecure_channel(server.grpc) as channel:
+        stub = riva_tts_pb2_grpc.RivaSpeechSynthesisStub(channel)
+        calm, bright = say(instructions="A calm, low voice."), say(instructions="A bright, quick voice.")
+        assert len(calm) > 0 and len(calm) % (2 * 1920) == 0
+        x, y = (np.frombuffer(a, "<i2") for a in (calm, bright))
+        assert len(x) != len(y) or np.abs(x.astype(int) - y).max() > 2  # another description, another voice
+        with pytest.raises(grpc.RpcError) as e:
+            say()
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "'instructions' is required" in e.value.details()

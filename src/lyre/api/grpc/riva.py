@@ -19,7 +19,8 @@ Opus takes the next rate it supports, 8/12/16/24/48 kHz); ``voice_name``: a Riva
 ``riva.subvoices``, or a Lyre voice or alias (empty: the default voice); ``language_code`` must be
 ``riva.language_code``'s language (or empty); ``custom_configuration`` may carry Lyre's sampling
 options (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_tokens``,
-``min_tokens``, ``seed``); ``id`` is echoed on every response. ``custom_dictionary`` (phonemes) and
+``min_tokens``, ``seed``) and ``instructions`` (a voice description, for a Qwen3-TTS checkpoint that
+reads one); ``id`` is echoed on every response. ``custom_dictionary`` (phonemes) and
 ``zero_shot_data`` (cloning per request) are refused with INVALID_ARGUMENT: Orpheus reads text as
 written, and a voice is cloned only with its speaker's consent on record (enroll it, then pass its
 id as ``voice_name``: cloned voices of the caller's account work like built-in ones).
@@ -103,7 +104,10 @@ def settings(request: Any, service: TTSService) -> Settings:
                 f"unknown voice_name {shorten(request.voice_name)}; Riva names: "
                 f"{', '.join(f'{cfg.riva.voice_name}.{s}' for s, v in cfg.riva.subvoices.items() if v in cfg.model.voices)}"
                 f"; Lyre voices: {', '.join(cfg.model.voices)}; or a cloned voice's id")
-    return Settings(fmt, rate, voice, {**_sampling(dict(request.custom_configuration)), **spoken})
+    options = dict(request.custom_configuration)
+    if "instructions" in options:  # (a voice description, for a model that reads one: Riva has no field for it)
+        spoken["instructions"] = options.pop("instructions")
+    return Settings(fmt, rate, voice, {**_sampling(options), **spoken})
 
 
 def _sampling(options: dict[str, str]) -> dict[str, Any]:
@@ -112,7 +116,8 @@ def _sampling(options: dict[str, str]) -> dict[str, Any]:
     for key, text in options.items():
         kind = _SAMPLING_TYPES.get(key)
         if kind is None:
-            raise InvalidRequest(f"unknown custom_configuration key {key!r}; Lyre reads: {', '.join(_SAMPLING_TYPES)}")
+            raise InvalidRequest(f"unknown custom_configuration key {key!r}; Lyre reads: {', '.join(_SAMPLING_TYPES)}, "
+                                 "instructions")
         try:
             values[key] = kind(text)
         except ValueError:
