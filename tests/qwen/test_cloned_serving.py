@@ -79,11 +79,11 @@ def test_a_voice_enrolled_with_its_transcript_speaks_in_reference_transcript_mod
     assert len(audio) > 0 and len(audio) % 1920 == 0 and np.abs(audio).max() > 0
     kept = engine_call(server, lambda s: s.engine.kept_prefixes())
     assert any(k.startswith(voice["id"] + ":") for k in kept)  # (its rows, transcript and frames kept by name)
-    assert any(k.startswith(voice["id"] + ":") for k in engine_call(server, lambda s: list(s.audio.codec._warm)))
+    assert any(k.startswith(voice["id"] + ":") for k in engine_call(server, lambda s: s.audio.codec.warm.keys()))
 
     assert requests.delete(f"{server.http}/v1/voices/{voice['id']}", timeout=30).status_code in (200, 204)
     assert not any(k.startswith(voice["id"]) for k in engine_call(server, lambda s: s.engine.kept_prefixes()))
-    assert not any(k.startswith(voice["id"]) for k in engine_call(server, lambda s: list(s.audio.codec._warm)))
+    assert not any(k.startswith(voice["id"]) for k in engine_call(server, lambda s: s.audio.codec.warm.keys()))
     gone = requests.post(server.http + "/v1/audio/speech", json={"input": "Hello.", "voice": voice["id"]}, timeout=30)
     assert gone.status_code == 404
 
@@ -128,3 +128,16 @@ def test_a_clip_too_long_for_a_slot_is_refused_with_nothing_stored(demo):
         assert response.status_code == 422 and "reference" in response.json()["error"]["message"]
         assert enroll(srv, "short", None).status_code == 201  # (x-vector mode takes no room)
         assert [v["name"] for v in requests.get(srv.http + "/v1/voices", timeout=30).json()["voices"]] == ["short"]
+
+
+def test_a_voice_deleted_by_another_replica_leaves_nothing_kept_here(server):
+    """The sweep finds a voice deleted elsewhere by whatever is kept of it here: the engine's prefix,
+    the codec's warmed-up state or the reference prompt (here the prefix is gone already: evicted)."""
+    service = server.service
+    voice = enroll(server, "dee", TRANSCRIPT).json()["id"]
+    speak(server, voice)
+    engine_call(server, lambda s: s.engine.forget_prefix(voice + ":"))  # (evicted from the prefix cache)
+    assert any(k.startswith(voice) for k in on_loop(server, service._kept_prefixes()))
+    service.voices.registry.delete(voice, "default")  # (another replica's deletion: this process is not told)
+    on_loop(server, service._sweep_once())
+    assert not any(k.startswith(voice) for k in on_loop(server, service._kept_prefixes()))

@@ -172,3 +172,15 @@ def test_a_prompt_the_talker_cannot_read_is_refused_without_a_slot(engine):
         with pytest.raises(ValueError, match=message):
             engine.add(request)
     assert engine.slots.free == engine.cfg.slots
+
+
+def test_a_transcript_longer_than_its_clip_is_read_first_and_the_cap_leaves_room_for_the_text(engine):
+    """Its rest trails the clip, read a token a frame before the text: the frame cap grows by it; the
+    rows (all the voice's own) are kept as a prefix but for the last, which the request computes."""
+    cfg = engine.talker.cfg
+    clone = CloneReference("v_l:1", np.zeros(cfg.hidden_size, np.float32), tuple(range(500, 510)),
+                           ((1,) * 16,) * 3)  # 10 transcript tokens beside 4 track rows
+    prompt = build_prompt(cfg, [1000, 1001], clone=clone, max_frames=41)
+    assert prompt.trailing[:6] == tuple(range(504, 510)) and prompt.trailing[6:] == (1000, 1001, cfg.text.tts_eos)
+    assert prompt.max_frames == 41 + 6
+    assert prompt.prefix_len == len(prompt.rows) - 1

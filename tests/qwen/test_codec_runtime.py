@@ -13,7 +13,8 @@ import torch
 
 from lyre.codec.base import StreamSettings
 from lyre.codec.qwen12hz import Decoder, DecoderConfig
-from lyre.codec.qwen12hz.runtime import TwelveHzCodec, WarmUp
+from lyre.codec.qwen12hz.runtime import TwelveHzCodec
+from lyre.codec.qwen12hz.warm import WarmUp
 from tests.support.qwen_reference import tiny_decoder, tiny_decoder_config
 
 SETTINGS = StreamSettings(first_flush_frames=1, every_flush_frames=2, max_chunk_frames=4)
@@ -47,6 +48,8 @@ def run(codec: TwelveHzCodec, streams: dict[str, list[tuple[int, ...]]], seed: i
                 if given[name] >= len(streams[name]):
                     stream.finish()
         jobs = [j for s in open_.values() if (j := s.plan(rng.randint(1, 4), rng.random() < 0.5)) is not None]
+        if not jobs:
+            codec.warm.settle()  # (a clone's clip being decoded on its own thread)
         for job, result in zip(jobs, codec.decode(jobs), strict=True):
             audio[next(n for n, s in open_.items() if s is job.stream)].append(job.stream.complete(job, result))
     return {name: np.concatenate(parts) for name, parts in audio.items()}
@@ -120,13 +123,25 @@ def test_a_stream_whose_decode_fails_fails_alone(decoder):
 
 def test_a_clone_speaks_on_from_its_reference_clip_as_the_reference_decodes_it(decoder):
     """Reference-transcript mode: the audio is the full causal decode of the clip's frames and the
-    generated ones as one sequence, the clip's part cut off (the reference's generate_voice_clone);
-    the state after the clip is computed once per voice, for every stream of it, and dropped with it."""
+    generated ones as one sequence, the clip's part cut off (the reference's generate_voice_clone).
+    The state after the clip is computed once per voice, off the codec's rounds (a stream waits for
+    it, the others go on), for every stream of it; deleting the voice drops it, and a stream of the
+    deleted voice still running finishes."""
     codec = TwelveHzCodec(decoder)
     clip = np.asarray(frames(11, seed=20))
     other = np.asarray(frames(11, seed=21))
     warm = {"a": WarmUp("v_a:1", clip), "b": WarmUp("v_a:1", clip), "c": WarmUp("v_c:1", other)}
     generated = {name: frames(n, seed=30 + i) for i, (name, n) in enumerate((("a", 14), ("b", 6), ("c", 9)))}
+
+    waiting, plain = codec.new_stream(SETTINGS, warm=warm["a"]), codec.new_stream(SETTINGS)
+    for s in (waiting, plain):
+        s.push(generated["a"][:2])
+    assert waiting.plan(2, need_audio=True) is None and plain.plan(2, need_audio=True) is not None
+    codec.warm.settle()
+    assert waiting.plan(2, need_audio=True) is not None
+    for s in (waiting, plain):
+        s.close()
+
     got = run(codec, generated, seed=3, warm=warm)
     for name, fs in generated.items():
         whole = np.concatenate([warm[name].frames, np.asarray(fs)])
@@ -137,12 +152,17 @@ def test_a_clone_speaks_on_from_its_reference_clip_as_the_reference_decodes_it(d
     with torch.no_grad():  # (the clip changes what follows it)
         cold = decoder.decode(torch.tensor(generated["a"]).T[None])[0, 0].numpy()
     assert np.abs(cold - got["a"]).max() > 1e-3
-    assert codec.counters.frames_decoded == 2 * len(clip) + sum(map(len, generated.values()))  # a clip once
+    assert codec.warm.frames == 2 * len(clip)  # each voice's clip once
+    assert codec.counters.frames_decoded == sum(map(len, generated.values()))  # (the clips' audio is unheard)
+    assert sorted(codec.warm.keys()) == ["v_a:1", "v_c:1"]
+
     codec.forget("v_a")
-    stream = codec.new_stream(SETTINGS, warm=warm["a"])
+    assert codec.warm.keys() == ["v_c:1"]
+    stream = codec.new_stream(SETTINGS, warm=warm["a"])  # (a synthesis of it admitted before the deletion)
     stream.push(generated["b"])
     stream.finish()
     job = stream.plan(4)
     again = stream.complete(job, codec.decode([job])[0])
     assert np.abs(again - got["b"][: len(again)]).max() <= 1e-5
-    assert codec.counters.frames_decoded == 3 * len(clip) + sum(map(len, generated.values())) + job.cost
+    codec.warm.settle()
+    assert codec.warm.keys() == ["v_c:1"]  # (not kept again)

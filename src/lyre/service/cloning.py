@@ -15,6 +15,7 @@ the encoders).
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +27,8 @@ from lyre.errors import InvalidRequest, LyreError
 from lyre.model import orpheus
 from lyre.model.qwen3tts import CloneReference
 from lyre.storage.registry import Voice
+
+log = logging.getLogger("lyre.voices")
 
 MAX_TRANSCRIPT_CHARS = 5000
 
@@ -115,6 +118,7 @@ class QwenCloning:
             raise LyreError(f"{model_dir}: {e}") from None
         self.family, self.tokenizer, self.speech_dir = family, tokenizer, Path(speech_dir)
         self._encoder: Any = None  # the 12 Hz tokenizer's encoder: loaded at the first transcript
+        self._encoder_error: str | None = None  # why it could not be loaded (not tried again)
         self._lock = threading.Lock()
         digest = hashlib.sha256(b"".join(v.float().numpy().tobytes() for _, v in sorted(
             (k, w) for k, w in weights.items() if k.startswith("speaker_encoder.")))).hexdigest()[:8]
@@ -141,12 +145,17 @@ class QwenCloning:
             xvector = self.speaker.embed(pcm)
             codes: list[int] = []
             if transcript:
-                if self._encoder is None:
+                if self._encoder is None and self._encoder_error is None:
                     try:
                         self._encoder = load_reference_encoder(self.speech_dir)
-                    except ValueError as e:
-                        raise InvalidRequest(f"this server cannot clone from a transcript ({e}); enroll the clip "
-                                             "without one (x-vector mode)") from None
+                    except Exception as e:  # noqa: BLE001 - missing, unreadable or unfit files, no transformers
+                        self._encoder_error = f"{type(e).__name__}: {e}"[:400]
+                        log.error("the 12 Hz tokenizer's encoder could not be loaded from %s: %s", self.speech_dir,
+                                  self._encoder_error)
+                if self._encoder is None:
+                    raise InvalidRequest(f"this server cannot clone from a transcript (the 12 Hz tokenizer's encoder "
+                                         f"could not be loaded: {self._encoder_error}); enroll the clip without one "
+                                         "(x-vector mode)")
                 codes = self._encoder.encode(pcm).ravel().tolist()
         return Encoded(codes, xvector.astype(np.float32).tobytes())
 

@@ -78,12 +78,13 @@ def qwen_cloning(family: QwenFamily, tokenizer: Any, model: checkpoint.ResolvedM
     first transcript); None for the other model types (they clone no voice)."""
     if family.cfg.model_type != "base":
         return None
-    from safetensors.torch import load_file
+    from safetensors import safe_open
 
     def load() -> QwenCloning:
         weights = {}
         for f in checkpoint.safetensors_files(model.llama_dir):  # (the speaker encoder's tensors only)
-            weights.update({k: v for k, v in load_file(str(f)).items() if k.startswith("speaker_encoder.")})
+            with safe_open(str(f), framework="pt") as tensors:
+                weights.update({k: tensors.get_tensor(k) for k in tensors.keys() if k.startswith("speaker_encoder.")})
         return QwenCloning(family, tokenizer, model.llama_dir, model.snac_dir, weights)
 
     return shared.get(("qwen cloning", model.llama_dir), load)

@@ -247,7 +247,11 @@ class TTSService:
         await upkeep.sweep_once(self.voices, self._kept_prefixes)
 
     async def _kept_prefixes(self) -> list[str]:
-        return await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
+        """Names of what is kept of voices here: the engine's prefixes, the codec's warmed-up states
+        (Qwen3-TTS clones) and the voices' reference prompts."""
+        kept = await self.on_engine_thread(lambda: self.scheduler.engine.kept_prefixes())
+        warm = getattr(self.scheduler.audio.codec, "warm", None)
+        return [*kept, *(warm.keys() if warm is not None else []), *self.voices.kept()]
 
     def _forget_voice(self, voice_id: str) -> None:
         """A deleted voice's kept prefix leaves the engine at its next step."""

@@ -40,8 +40,9 @@ async def sweep_deleted_voices(voices: Voices, kept: KeptPrefixes) -> None:
 
 
 async def sweep_once(voices: Voices, kept: KeptPrefixes) -> None:
-    """Kept prefixes of voices deleted elsewhere (another replica sharing the database) are dropped
-    here too. (A deletion through this process drops them at once.)"""
+    """What is kept of voices deleted elsewhere (another replica sharing the database: their kept
+    prefixes, codec states and reference prompts) is dropped here too. (A deletion through this
+    process drops it at once.)"""
     # (a cloned voice's prefixes are named by its id; a built-in voice's, "rows:...", by their rows)
     ids = {name for key in await kept() if ID_PATTERN.fullmatch(name := key.split(":", 1)[0])}
     if ids:

@@ -138,6 +138,10 @@ class Voices:
         self.forget(voice_id)
         log.info("voice %s deleted by account %s", voice_id, account)
 
+    def kept(self) -> list[str]:
+        """The keys of the references kept here ("<voice id>:...")."""
+        return list(self._references)
+
     def forget(self, voice_id: str) -> None:
         """Drop what is cached of ``voice_id`` here and in the engine; it cannot come back."""
         self.deleted.add(voice_id)

@@ -20,7 +20,7 @@ Opus takes the next rate it supports, 8/12/16/24/48 kHz); ``voice_name``: a Riva
 ``riva.language_code``'s language (or empty); ``custom_configuration`` may carry Lyre's sampling
 options (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_tokens``,
 ``min_tokens``, ``seed``) and ``instructions`` (a voice description, for a Qwen3-TTS checkpoint that
-reads one); ``id`` is echoed on every response. ``custom_dictionary`` (phonemes) and
+reads one; Orpheus ignores it, as on every protocol); ``id`` is echoed on every response. ``custom_dictionary`` (phonemes) and
 ``zero_shot_data`` (cloning per request) are refused with INVALID_ARGUMENT: Orpheus reads text as
 written, and a voice is cloned only with its speaker's consent on record (enroll it, then pass its
 id as ``voice_name``: cloned voices of the caller's account work like built-in ones).

@@ -9,15 +9,12 @@ listener needs audio (at the earliest after ``first_flush_frames``), later ones 
 the audio is frames x 1920 samples, each frame decoded once.
 
 A clone in reference-transcript mode speaks on from its reference clip: its stream starts from the
-decoder state after the clip's frames (:class:`WarmUp`; the reference decodes the clip's frames
-and the generated ones as one sequence and cuts the clip's audio off). That state is computed once
-per voice on the codec's thread and kept (the newest ``WARM_STATES``), dropped when the voice is.
+decoder state after the clip's frames (:mod:`.warm`: computed once per voice on a thread of its
+own; the stream waits for it before its first chunk).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,17 +22,8 @@ import torch
 
 from lyre.codec.base import CodecCounters, CodecStats, FrameStream, StreamSettings, decode_isolated
 from lyre.codec.qwen12hz.decoder import Decoder, StreamState
+from lyre.codec.qwen12hz.warm import WarmStates, WarmUp
 from lyre.cpu import LEDGER
-
-WARM_STATES = 32  # voices whose warmed-up decoder state is kept
-
-
-@dataclass(frozen=True, eq=False)
-class WarmUp:
-    """Frames decoded before a stream's first, unheard: a cloned voice's reference clip."""
-
-    key: str  # the voice and its clip ("<voice id>:<audio hash>"): the kept state's name
-    frames: np.ndarray  # (T, 16) codes, codebook 0 first
 
 
 @dataclass
@@ -72,6 +60,8 @@ class TwelveHzStream(FrameStream):
         Unless its listener needs audio, the newest frame waits: the segment's end (which brings no
         frame) then finds one to go out with, marked as the last (its fade and timestamps)."""
         pending = len(self._pending)
+        if self.state is None and self.warm is not None and pending and not self.codec.warm.ready(self.warm):
+            return None  # (its clip's state is being computed)
         if self.finished and pending == 0:
             self.close()  # (everything went out before the end came: nothing is left to mark)
         if self.closed or pending == 0:
@@ -117,8 +107,7 @@ class TwelveHzCodec:
         self.counters = CodecCounters(samples_per_frame=self.samples_per_frame)
         self.live: set[TwelveHzStream] = set()
         self.state_bytes = sum(t.numel() * t.element_size() for t in decoder.new_state(1).tensors.values())
-        self._warm: OrderedDict[str, StreamState] = OrderedDict()  # WarmUp.key -> the state after its frames
-        self._warm_lock = threading.Lock()  # (forget() comes from the event loop, decoding on the codec thread)
+        self.warm = WarmStates(decoder)  # clones' starting states (reference-transcript mode)
 
     def new_stream(self, settings: StreamSettings, warm: WarmUp | None = None) -> TwelveHzStream:
         stream = TwelveHzStream(self, settings, warm=warm)
@@ -127,29 +116,11 @@ class TwelveHzCodec:
 
     def forget(self, voice_id: str) -> None:
         """Drop the kept states of ``voice_id`` (it was deleted)."""
-        with self._warm_lock:
-            for key in [k for k in self._warm if k.startswith(voice_id + ":")]:
-                del self._warm[key]
+        self.warm.forget(voice_id)
 
     def _initial(self, stream: TwelveHzStream) -> StreamState:
-        """The state a stream's first frame is decoded from: a fresh one, or its warm-up's (kept)."""
-        if stream.warm is None:
-            return self.decoder.new_state(1)
-        key = stream.warm.key
-        with self._warm_lock:
-            state = self._warm.get(key)
-            if state is not None:
-                self._warm.move_to_end(key)
-        if state is None:
-            state = self.decoder.new_state(1)
-            codes = torch.from_numpy(np.ascontiguousarray(stream.warm.frames.T))[None]  # (1, 16, T)
-            self.decoder.stream(codes.to(next(self.decoder.parameters()).device), state)  # (its audio unheard)
-            self.counters.frames_decoded += codes.shape[-1]
-            with self._warm_lock:
-                self._warm[key] = state
-                while len(self._warm) > WARM_STATES:
-                    self._warm.popitem(last=False)
-        return StreamState({k: v.clone() for k, v in state.tensors.items()})
+        """The state a stream's first frame is decoded from: a fresh one, or its clip's."""
+        return self.decoder.new_state(1) if stream.warm is None else self.warm.state(stream.warm)
 
     def stats(self) -> CodecStats:
         return self.counters.snapshot(self.mode, self.runtime, open_states=len(self.live),
@@ -182,4 +153,4 @@ class TwelveHzCodec:
         return [TwelveHzResult(a, s) for a, s in zip(audio, states, strict=True)]
 
     def close(self) -> None:
-        pass
+        self.warm.close()

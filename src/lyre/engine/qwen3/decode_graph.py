@@ -100,7 +100,7 @@ class StaticDecode:
         host[0, slots], host[1, slots] = torch.tensor(positions), 1
         packed = host.to(device, non_blocking=True)
         pos, valid = packed[0], packed[1].bool()
-        graph = self._graph((r, length), x) if self.graphs else None
+        graph = self._captured.get((r, length)) if self.graphs else None  # (never captured mid-serving)
         if graph is None:
             return static_forward(self.llama, self.cache, x, pos, valid, length)[index]
         graph.x.copy_(x)
@@ -109,16 +109,19 @@ class StaticDecode:
         graph.graph.replay()
         return graph.hidden[index]
 
-    def prepare(self, max_length: int = 1024) -> None:
-        """Capture every slot bucket's graphs up to ``max_length`` positions now (longer ones when first
-        needed): a capture during a step holds up every stream in it."""
+    def prepare(self) -> None:
+        """Capture every (slot bucket, length bucket) graph now, at start: a capture while serving
+        would hold up every stream, and CUDA's capture refuses the allocations another thread (the
+        codec's) makes meanwhile. A bucket whose capture failed runs eagerly."""
         r = 1
         while True:
             length = MIN_LENGTH
-            while length <= min(max_length, self.cache.max_seq_len):
+            while True:
                 self._graph((r, length), torch.zeros(r, self.llama.cfg.hidden_size, dtype=self.llama.norm.weight.dtype,
                                                      device=self.llama.norm.weight.device))
-                length *= 2
+                if length >= self.cache.max_seq_len:
+                    break
+                length = min(length * 2, self.cache.max_seq_len)
             if r >= self.cache.slots:
                 return
             r = min(r * 2, self.cache.slots)

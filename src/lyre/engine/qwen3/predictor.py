@@ -106,7 +106,7 @@ class FrameLoop:
             return frame_codes(self.model, self.kv, hidden, c0, s)
         b = hidden.shape[0]
         bucket = 1 << (b - 1).bit_length()
-        graph = self._graph((bucket, s.width), hidden, c0, s) if bucket <= self.kv.batch else None
+        graph = self._captured.get((bucket, s.width))  # (never captured mid-serving: see prepare)
         if graph is None:
             return frame_codes(self.model, self.kv, hidden, c0, s)
         cuda_graph, io = graph
@@ -118,15 +118,19 @@ class FrameLoop:
         return io["codes"][:b].clone()
 
     def prepare(self, device: torch.device) -> None:
-        """Capture every bucket's graph for the usual sampling (top-k within the shortlist) now: a
-        capture during a step would hold up every stream in it."""
+        """Capture every bucket's graphs now, at start, for both widths (the shortlist, and every code
+        for a top-k of 0 or above it): a capture while serving would hold up every stream, and CUDA's
+        capture refuses the allocations another thread (the codec's) makes meanwhile. A batch whose
+        bucket has no graph (its capture failed) runs eagerly."""
         bucket, dtype = 1, self.model.text_fc2.weight.dtype
         while bucket <= self.kv.batch:
-            rows = RowSampling(torch.full((bucket,), 0.9, device=device), torch.full((bucket,), 50, device=device),
-                               torch.ones(bucket, device=device), torch.rand(bucket, PASSES, device=device),
-                               SHORTLIST)
-            self._graph((bucket, SHORTLIST), torch.zeros(bucket, self.model.cfg.hidden_size, dtype=dtype, device=device),
-                        torch.zeros(bucket, dtype=torch.long, device=device), rows)
+            for width in (SHORTLIST, CODES):
+                rows = RowSampling(torch.full((bucket,), 0.9, device=device), torch.full((bucket,), 50, device=device),
+                                   torch.ones(bucket, device=device), torch.rand(bucket, PASSES, device=device),
+                                   width)
+                self._graph((bucket, width), torch.zeros(bucket, self.model.cfg.hidden_size, dtype=dtype,
+                                                         device=device),
+                            torch.zeros(bucket, dtype=torch.long, device=device), rows)
             bucket *= 2
 
     def _graph(self, key: tuple[int, int | None], hidden: torch.Tensor, c0: torch.Tensor, s: RowSampling):

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from lyre.codec.qwen12hz.runtime import WarmUp
+from lyre.codec.qwen12hz.warm import WarmUp
 from lyre.config import LyreConfig, SamplingConfig
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.qwen3.request import CodeSampling, FrameRequest, talker_sampling

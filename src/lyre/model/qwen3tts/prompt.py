@@ -123,6 +123,9 @@ def _reference_rows(cfg: Qwen3TTSConfig, rows: list[Row], text_ids: list[int], c
         rows += [(t, cfg.codec.pad) for t in text] + [(cfg.text.tts_pad, c) for c in track]
         return TalkerPrompt(tuple(rows), (), max_frames, shared, **voice)
     n = min(len(text), len(track))
-    shared = min(shared, len(rows) + n)
     rows += list(zip(text[:n], track[:n], strict=True)) + [(cfg.text.tts_pad, c) for c in track[n:]]
-    return TalkerPrompt(tuple(rows), tuple(text[n:]), max_frames, shared, **voice)
+    # (a transcript longer than its clip trails the clip: its rest is read before the text, a
+    # token a frame, so the cap grows by it; the prefix leaves the last row to the request)
+    rest = max(0, len(clone.text_ids) - n)
+    cap = max_frames + rest if max_frames is not None else None
+    return TalkerPrompt(tuple(rows), tuple(text[n:]), cap, min(shared, len(rows) - 1), **voice)
