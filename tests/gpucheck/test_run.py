@@ -15,6 +15,7 @@ from lyre.engine.backend import Environment
 from lyre.gpucheck import stages
 from lyre.gpucheck.environment import pin_violations
 from lyre.gpucheck.prereqs import Check
+from lyre.gpucheck.report import StageFailed
 from lyre.gpucheck.run import run
 from tests.support.gpucheck import H100, READY, context, fake_kit
 from tests.support.paths import REPO_ROOT
@@ -34,7 +35,7 @@ def test_on_a_machine_without_a_gpu_it_stops_at_the_environment_stage_saying_so(
 def test_every_stage_passes_against_engines_that_compute_what_the_checkpoint_does(tmp_path):
     calls: list = []
     report = run(context(tmp_path, fake_kit(calls=calls)), "python -m lyre.gpucheck", say=lambda _: None)
-    assert [s.status for s in report.stages] == ["pass"] * 6, [(s.name, s.summary) for s in report.stages]
+    assert [s.status for s in report.stages] == ["pass"] * 7, [(s.name, s.summary) for s in report.stages]
     text = (tmp_path / "report" / "REPORT.md").read_text()
     assert text.startswith("# Lyre GPU acceptance run: PASSED")
     by = {s.name: s for s in report.stages}
@@ -51,13 +52,15 @@ def test_every_stage_passes_against_engines_that_compute_what_the_checkpoint_doe
     assert argv[1:5] == ["benchmark.py", "--mode", "scaling", "--levels"] and "model.backend=trtllm" in argv
     assert f"build.engine_dir={tmp_path / 'work' / 'engines' / 'tiny-fp8'}" in argv
     assert (tmp_path / "report" / "scaling.png").is_file()
+    # (on this CPU the stage holds the eager static steps to themselves: its graphs need the GPU)
+    assert by["qwen3-tts"].data["steps"] > 20 and by["qwen3-tts"].data["talker_graphs"] == 0
 
 
 def test_the_torch_backend_runs_its_stages_on_the_pytorch_engine(tmp_path):
     calls: list = []
     report = run(context(tmp_path, fake_kit(calls=calls), backend="torch"), "cmd", say=lambda _: None)
     assert [(s.name, s.status) for s in report.stages] == [("environment", "pass"), ("constraint", "pass"),
-                                                         ("scaling", "pass")]
+                                                         ("scaling", "pass"), ("qwen3-tts", "pass")]
     assert "model.backend=torch" in calls[0] and not any(a.startswith("build.engine_dir") for a in calls[0])
 
 
@@ -119,3 +122,25 @@ def test_mpi_is_found_through_ld_library_path_as_nvidias_containers_have_it(tmp_
     monkeypatch.setenv("LD_LIBRARY_PATH", "")
     missing = prereqs.check_mpi()
     assert not missing.ok and "apt-get install -y libopenmpi-dev (then again)" in missing.fix
+
+
+def test_the_qwen_stage_fails_when_the_captured_steps_make_other_frames(tmp_path, monkeypatch):
+    """The stage's comparison can fail: a second run that makes other frames than the first (here a
+    talker step that drops every other row's hidden state, as a wrong graph would) is named."""
+    from lyre.engine.qwen3 import decode_graph
+    from lyre.gpucheck import qwen
+
+    real_init, real_forward, made = decode_graph.StaticDecode.__init__, decode_graph.static_forward, []
+
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    def broken(llama, cache, x, positions, valid, length):
+        out = real_forward(llama, cache, x, positions, valid, length)
+        return out.flip(0) if len(made) == 2 else out  # (the second engine's steps: rows swapped)
+
+    monkeypatch.setattr(decode_graph.StaticDecode, "__init__", init)
+    monkeypatch.setattr(decode_graph, "static_forward", broken)
+    with pytest.raises(StageFailed, match="differ from the eager ones"):
+        qwen.stage_qwen(context(tmp_path, fake_kit(), backend="torch"))

@@ -8,9 +8,11 @@ Stages (``--backend trtllm``, the default):
    under greedy decoding
 5. cloned: a cloned voice's prompt (reference codes in it) with the repetition penalty, the same again
 6. scaling: ``benchmark.py --mode scaling`` on the TensorRT-LLM backend, JSON and a plot
+7. qwen3-tts: the Qwen3-TTS engine's CUDA graphs (talker decode step, code predictor frame) make
+   the frames the same code makes eagerly
 
-``--backend torch`` (a GPU machine without TensorRT-LLM): environment, constraint and scaling, on
-the PyTorch engine on the GPU.
+``--backend torch`` (a GPU machine without TensorRT-LLM): environment, constraint, scaling and
+qwen3-tts, on the PyTorch engine on the GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from lyre.gpucheck import stages
 from lyre.gpucheck.context import Context, Kit
 from lyre.gpucheck.environment import stage_environment
+from lyre.gpucheck.qwen import stage_qwen
 from lyre.gpucheck.report import FAIL, PASS, Report, StageFailed, StageResult
 
 log = logging.getLogger("lyre.gpucheck")
@@ -48,8 +51,10 @@ STAGES: dict[str, tuple[str, Callable[[Context], stages.Result]]] = {
                "reference codes in the prompt", stages.stage_cloned),
     "scaling": ("the server on this backend holds concurrent real-time streams: the scaling benchmark's figures "
                 "and plot", stages.stage_scaling),
+    "qwen3-tts": ("Qwen3-TTS's CUDA graphs (the talker's decode step, the code predictor's frame) compute what "
+                  "the same code computes eagerly: the same greedy frames", stage_qwen),
 }
-BACKEND_STAGES = {"trtllm": tuple(STAGES), "torch": ("environment", "constraint", "scaling")}
+BACKEND_STAGES = {"trtllm": tuple(STAGES), "torch": ("environment", "constraint", "scaling", "qwen3-tts")}
 
 
 def run(ctx: Context, command: str, say: Callable[[str], None] = print) -> Report:

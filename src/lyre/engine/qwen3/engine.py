@@ -48,12 +48,14 @@ class StaticStep:
 class QwenEngine(TorchEngine):
     PROMPT_UNIT = "rows"
 
-    def __init__(self, talker: Talker, config: TorchEngineConfig, static_decode: bool | None = None):
+    def __init__(self, talker: Talker, config: TorchEngineConfig, static_decode: bool | None = None,
+                 graphs: bool | None = None):
         """``static_decode``: decode-only steps over static shapes (:mod:`.decode_graph`; default: on a
-        GPU, where they are CUDA graphs; on a CPU the eager static step only serves the tests)."""
+        GPU, where they are CUDA graphs; on a CPU the eager static step only serves the tests).
+        ``graphs``: capture CUDA graphs (default: on a GPU; off there, the same code runs eagerly)."""
         super().__init__(talker.decoder, config)
         self.talker = talker
-        graphs = self.device.type == "cuda"
+        graphs = self.device.type == "cuda" if graphs is None else graphs
         # (the code predictor's 15-pass loop: one CUDA graph per batch bucket on a GPU, eager elsewhere)
         self.sampler = FrameSampler(talker, config.slots, self.device, graphs=graphs)
         static = graphs if static_decode is None else static_decode
@@ -66,8 +68,8 @@ class QwenEngine(TorchEngine):
                     self.static.prepare()
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, config: TorchEngineConfig,
-                        static_decode: bool | None = None) -> QwenEngine:
+    def from_checkpoint(cls, model_dir: str | Path, config: TorchEngineConfig, static_decode: bool | None = None,
+                        graphs: bool | None = None) -> QwenEngine:
         cfg = read_qwen3tts_config(model_dir)
         weights = {}
         from safetensors.torch import load_file
@@ -75,7 +77,8 @@ class QwenEngine(TorchEngine):
         for f in checkpoint.safetensors_files(model_dir):
             weights.update(load_file(str(f)))
         device = torch.device(config.device)
-        return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode)
+        return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode,
+                   graphs)
 
     # --- the contract ---------------------------------------------------------------------------
 
