@@ -20,7 +20,7 @@ LAYERS = {
     "cpu": 0,  # the CPU ledger every part charges (lyre.cpu)
     "v1": 0,  # generated gRPC stubs
     "integrations": 0,  # client-side adapters (Pipecat): they speak to a server, they import none of it
-    "model": 1,
+    "model": 1, "text": 1,  # the text front end: pure Python, below everything that reads text
     "config": 2,
     "engine": 3, "codec": 3, "audio": 3, "storage": 3,
     "trust": 4, "family": 4,  # model families: what differs between them, below the family-agnostic core
