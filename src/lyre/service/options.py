@@ -29,7 +29,8 @@ from lyre.config import SamplingConfig
 from lyre.config.validation import limits_of, request_error
 
 MAX_NAME_CHARS = 128  # voices, formats, context ids, model names
-VOICE_OPTIONS = ("language", "instructions")  # how the voice speaks (the model family decides what it honours)
+# how the voice speaks (the model family decides what it honours), and how the text is read
+VOICE_OPTIONS = ("language", "instructions", "text_normalization")
 
 
 def _valid_unicode(value: str) -> str:
@@ -100,6 +101,7 @@ class SynthesisRequest(SamplingOptions):
     voice: Name | None = None
     language: Name | None = None  # the language spoken (a Qwen3-TTS checkpoint's names; default auto)
     instructions: Text | None = None  # a voice description (Qwen3-TTS VoiceDesign and 1.7B CustomVoice)
+    text_normalization: TextNormalization | None = None  # NORMALIZATION_HELP
 
 
 def _voice_ref(value: Any) -> Any:
@@ -121,6 +123,13 @@ VoiceName = Annotated[Name | None, BeforeValidator(_voice_ref), WithJsonSchema({
 # what timestamps a stream sends (lyre.service.timing.Piece.as_dict): each piece's span; and its estimated
 # words (Cartesia's word_timestamps); and its characters' estimated times (ElevenLabs' alignment)
 Timestamps = Literal["pieces", "words", "chars"]
+# whether numbers, money, dates, ... are said as words first (ElevenLabs' names): auto and on do
+# where Lyre has rules for the language (English), on refuses a language it has none for; off reads
+# the text as written
+TextNormalization = Literal["auto", "on", "off"]
+NORMALIZATION_HELP = ("auto (default) or on: numbers, money, dates, times, telephone numbers, web addresses, units, "
+                      "abbreviations and identifiers are said as words (English; on refuses another language); off: "
+                      "the text is read as written")
 
 
 class SpeechBody(SamplingOptions):
@@ -147,6 +156,7 @@ class SpeechBody(SamplingOptions):
                                       "no style prompt and ignores it")
     language: Name | None = Field(None, description="the language spoken: auto (default) or a language the model "
                                   "names (Qwen3-TTS: english, chinese, ...); Orpheus speaks English")
+    text_normalization: TextNormalization | None = Field(None, description=NORMALIZATION_HELP)
     timestamps: Timestamps | None = Field(None, description="with stream_format sse: a speech.audio.timestamps "
                                           "event after each text piece's audio: pieces (its span), words (and its "
                                           "estimated words), chars (and its characters' estimated times)")
@@ -171,6 +181,7 @@ class WsMessage(SamplingOptions):
     voice: Name | None = None
     language: Name | None = None  # as SpeechBody's
     instructions: Text | None = None  # as SpeechBody's
+    text_normalization: TextNormalization | None = None  # as SpeechBody's
     response_format: Name | None = None
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None

@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import functools
 import re
+import unicodedata
+
+from lyre.errors import InvalidRequest
+from lyre.text import normalize, normalizer
 
 MAX_SEGMENT_CHARS = 280
 
@@ -161,3 +165,23 @@ class SentenceStream:
         self._parts = [tail] if tail else []
         self._chars = len(tail)
         self._may_end = bool(_MAY_END.search(tail))
+
+
+def spoken(pieces: list[str], language: str | None, normalization: str | None) -> list[str]:
+    """What the model reads for each piece: the piece with numbers, money, dates, ... said as words
+    (:func:`lyre.text.normalize`; ``normalization`` auto (None) or on), or as written (off).
+    InvalidRequest for on with a language Lyre has no rules for."""
+    if normalization == "off":
+        return list(pieces)
+    lang = language or "auto"
+    if normalizer(lang) is None:
+        if normalization == "on":
+            raise InvalidRequest(f"text_normalization 'on': Lyre has no normalisation rules for language {lang!r} "
+                                 "(English only so far); use auto or off")
+        return list(pieces)
+    return [normalize(p, lang).text if lang != "auto" or latin(p) else p for p in pieces]
+
+
+def latin(text: str) -> bool:
+    """Every letter of ``text`` is a Latin one (language auto: English rules read only such text)."""
+    return all(not c.isalpha() or c.isascii() or unicodedata.name(c, "").startswith("LATIN") for c in text)

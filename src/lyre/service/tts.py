@@ -47,7 +47,7 @@ from lyre.service import runtime, upkeep
 from lyre.service.consents import Consents
 from lyre.service.options import SynthesisRequest, parse
 from lyre.service.stream import Audio, SpeechStream
-from lyre.service.text import MAX_SEGMENT_CHARS, split_text
+from lyre.service.text import MAX_SEGMENT_CHARS, split_text, spoken
 from lyre.service.utterance import Utterance
 from lyre.service.voices import Voices
 from lyre.storage.registry import Voice
@@ -331,14 +331,16 @@ class TTSService:
                 f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
             )
         pieces = split_text(request.text, MAX_SEGMENT_CHARS)
+        said = spoken(pieces, request.language, request.text_normalization)  # (each piece stays the caller's text)
         options = dict(language=request.language, instructions=request.instructions)
         try:
             if isinstance(voice, Voice):  # a cloned voice: its reference as its family reads it, then the text
                 key, reference = self.voices.reference(voice)
-                segments = [Segment(**self.family.cloned(self.tokenizer, p, key, reference, **options), text=p)
-                            for p in pieces]
+                segments = [Segment(**self.family.cloned(self.tokenizer, s, key, reference, **options), text=p)
+                            for p, s in zip(pieces, said, strict=True)]
             else:
-                segments = [Segment(self.family.prompt(self.tokenizer, p, voice, **options), text=p) for p in pieces]
+                segments = [Segment(self.family.prompt(self.tokenizer, s, voice, **options), text=p)
+                            for p, s in zip(pieces, said, strict=True)]
         except InvalidRequest:
             raise  # (ControlTokenInText: text that spells a control token)
         except ValueError as e:
