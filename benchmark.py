@@ -9,6 +9,7 @@
   python benchmark.py --mode codec [--batches 1,4,16] [--chunk 2] [--runtimes torch,onnxruntime,openvino]
   python benchmark.py --mode soak [--requests 10000] [--concurrent 8] [--disconnect 0.3] [--cancel 0.1]
   python benchmark.py --mode watermark [--requests 20]
+  python benchmark.py --mode text [--requests 20]
   python benchmark.py --mode isolation [--requests 12] [--concurrent 2] [--attacks half_open,account_flood] [--quick]
 
 scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
@@ -30,6 +31,8 @@ three protocols (then: slots, sessions and codec states left, RSS growth, error 
 burst, SIGTERM under load, and hypothesis fuzzing of every surface.
 watermark: detection of the output watermark on --requests (20) outputs and espeak-ng speech clips as
 WAV, after MP3 128 kbps and 8 kHz mu-law; false positives on unmarked speech; cost next to the codec.
+text: text normalisation's cost per sentence (p50/p99 over the 200 call-centre sentences, --requests
+rounds) and first audio with it on and off through the library API (its share of TTFB).
 isolation: on a server it starts with a victim and an attacker account and RLIMIT_NOFILE --nofile, the
 victim's --requests syntheses (at --concurrent, default 2), verifications, enrollments and /health,
 quiet and then under each attack (half-open connection flood, one account's sessions and contexts,
@@ -54,6 +57,7 @@ from lyre.benchmarks import qwen_codec as qwen_codec_bench
 from lyre.benchmarks import scaling
 from lyre.benchmarks import service as service_bench
 from lyre.benchmarks import soak as soak_bench
+from lyre.benchmarks import text as text_bench
 from lyre.benchmarks import watermark as watermark_bench
 from lyre.benchmarks.figures import parse_slo
 from lyre.config import ConfigError, add_config_arguments, config_from_args
@@ -81,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak", "watermark",
-                                      "isolation"], required=True)
+                                      "isolation", "text"], required=True)
     add_config_arguments(p)
     load = p.add_argument_group("load (scaling, all, tuning)")
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
@@ -241,6 +245,9 @@ def main(argv=None) -> int:
         elif args.mode == "watermark":
             result = watermark_bench.run(cfg, args.requests or 20, progress=say)
             text = watermark_bench.table(result)
+        elif args.mode == "text":
+            result = text_bench.run(cfg, args.requests or 20, progress=say)
+            text = text_bench.table(result)
         elif args.mode == "service":
             policies = [x.strip() for x in (args.policies or "fair,deadline").split(",") if x.strip()]
             if not policies or set(policies) - {"fair", "deadline"}:

@@ -181,3 +181,14 @@ def test_qwen_codec_mode_sets_onnxruntime_against_torch_on_the_same_decode():
     ort = [r for r in rows if r["runtime"] == "onnxruntime"]
     assert [r["batch"] for r in ort] == [1, 2]
     assert all(r["speedup_vs_torch"] > 0 and r["max_error_vs_torch"] < 1e-4 for r in ort)
+
+
+def test_text_mode_reports_the_normalisers_cost_and_first_audio_with_it_on_and_off():
+    from lyre.benchmarks import text
+    from lyre.config import load_config
+
+    result = text.run(load_config(None, {}), 1, progress=lambda _: None, spoken=2)
+    n, t = result["normalise_ms"], result["ttfb_ms"]
+    assert 0 < n["p50"] <= n["p99"] <= n["max"] and result["sentences"] >= 200
+    assert t["on"]["n"] == t["off"]["n"] == 2 and t["on"]["p50"] > 0 and t["off"]["p50"] > 0
+    assert 0 < result["share_of_ttfb_p50"] < 1 and "share of first audio" in text.table(result)

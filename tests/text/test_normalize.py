@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lyre.text import normalize
+from lyre.text.corpus_en import CORPUS
 from lyre.text.english import English
-from tests.text.corpus_en import CORPUS
 
 ENGLISH = English()
 

@@ -1,5 +1,6 @@
 """Call-centre sentences and how they are said (issue 32): the English normaliser's expected output,
-compared as exact strings by ``test_normalize.py``. Written for Lyre; grouped by what they test."""
+compared as exact strings by ``tests/text/test_normalize.py``, and the workload of ``benchmark.py
+--mode text``. Written for Lyre; grouped by what they test."""
 
 CORPUS = [
     # --- money ---------------------------------------------------------------------------------
