@@ -136,6 +136,7 @@ def tuning(bench, tmp_path, policies: str, requests: str, users: int):
     return run, json.loads(out.read_text())
 
 
+@pytest.mark.slow  # (a server per profile; the default run keeps its argument checks: test_bad_arguments_are_refused_...)
 def test_tuning_mode_starts_a_server_per_setting_and_profile_and_names_the_best(bench, tmp_path):
     run, result = tuning(bench, tmp_path, "fair", "1", users=1)  # one setting: one server per profile
     assert set(result["profiles"]) == {"conversational", "longform"}

@@ -51,7 +51,7 @@ async def _ttfb(tts: Any, text: str, normalization: str) -> float:
 
 
 def run(cfg: LyreConfig, requests: int, progress=print, spoken: int | None = None) -> dict[str, Any]:
-    """``spoken``: sentences timed to first audio (default 10 a round, at least 20, at most all)."""
+    """``spoken``: sentences timed to first audio (default 10 a round, at least 20, at most all; 0: none)."""
     from lyre.service.tts import TTSService
 
     progress(f"text: the normaliser over {len(CORPUS)} sentences x {requests} ...")
@@ -68,11 +68,13 @@ def run(cfg: LyreConfig, requests: int, progress=print, spoken: int | None = Non
                 for mode in (("on", "off") if i % 2 == 0 else ("off", "on")):
                     ttfb[mode].append(await _ttfb(tts, written, mode))
 
-    asyncio.run(measure())
-    p50 = {m: _percentile(v, 0.5) for m, v in ttfb.items()}
+    if spoken != 0:
+        asyncio.run(measure())
+    p50 = {m: _percentile(v, 0.5) if v else 0.0 for m, v in ttfb.items()}
     return {"sentences": len(CORPUS), "rounds": requests,
             "normalise_ms": {"p50": _percentile(each, 0.5), "p99": _percentile(each, 0.99), "max": max(each)},
-            "ttfb_ms": {m: {"p50": p50[m], "p95": _percentile(v, 0.95), "n": len(v)} for m, v in ttfb.items()},
+            "ttfb_ms": {m: {"p50": p50[m], "p95": _percentile(v, 0.95) if v else 0.0, "n": len(v)}
+                        for m, v in ttfb.items()},
             "share_of_ttfb_p50": _percentile(each, 0.5) / p50["on"] if p50["on"] else None}
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from lyre.text.numbers import cardinal, decimal, digits, ordinal, year
+from lyre.text.numbers import ONES, cardinal, decimal, digits, ordinal, year
 from lyre.text.spans import Builder, Rewritten
 
 MONTHS = ("January February March April May June July August September October November December").split()
@@ -132,9 +132,6 @@ def _day_month(m: re.Match) -> str:
     return said + (f", {year(int(m['dy']))}" if m["dy"] else "")
 
 
-ONE_DIGIT = "zero one two three four five six seven eight nine".split()
-
-
 def _money(m: re.Match) -> str:
     code = SYMBOLS.get(m["sym"] or "") or (m["iso1"] or m["iso2"]).upper()
     amount = m["amt1"] or m["amt2"] or m["amt3"]
@@ -168,7 +165,7 @@ def _range(m: re.Match) -> str:
 def _identifier(m: re.Match) -> str:
     parts = []
     for chunk in m.group(0).split("-"):
-        parts.append(" ".join(ONE_DIGIT[int(c)] if c.isdigit() else c.upper() for c in chunk))
+        parts.append(" ".join(ONES[int(c)] if c.isdigit() else c.upper() for c in chunk))
     return ", ".join(parts)
 
 
@@ -252,7 +249,7 @@ def _time_any(m: re.Match, text: str) -> str:
 def _time_parts(hour: int, minute: int, half: str | None) -> str:
     words = cardinal(hour)
     if minute:
-        words += " " + (f"oh {ONE_DIGIT[minute]}" if minute < 10 else cardinal(minute))
+        words += " " + (f"oh {ONES[minute]}" if minute < 10 else cardinal(minute))
     elif not half:
         words += " o'clock" if hour <= 12 else " hundred"
     if half:
