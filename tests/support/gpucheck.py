@@ -4,6 +4,10 @@ a scaling benchmark on the GPU backend, and a ready machine's checks."""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 from lyre.engine.backend import Environment
@@ -36,6 +40,14 @@ def fake_kit(executor=ModelExecutor, calls=None) -> Kit:
                installed=lambda name: None, device="cpu", run=fake_benchmark(calls if calls is not None else []))
 
 
+# the demo checkpoints every test's run reads, written once per test process (each run's engines,
+# reports and data stay in its own tmp_path)
+CHECKPOINTS = Path(tempfile.gettempdir()) / f"lyre-gpucheck-checkpoints-{os.getpid()}"
+atexit.register(shutil.rmtree, CHECKPOINTS, ignore_errors=True)
+
+
 def context(tmp_path, kit, backend="trtllm"):
-    return make_context(tmp_path / "report", backend, kit, work=tmp_path / "work", shapes=("tiny",),
-                        calibration_samples=2, levels="1,2", timeout_s=600)
+    ctx = make_context(tmp_path / "report", backend, kit, work=tmp_path / "work", shapes=("tiny",),
+                       calibration_samples=2, levels="1,2", timeout_s=600)
+    ctx.checkpoints = CHECKPOINTS
+    return ctx

@@ -92,10 +92,11 @@ class Context:
     scaling_timeout_s: float = 3600.0  # the scaling benchmark, at most
     env: Environment | None = None
     engines: dict[str, tuple[Path, Manifest]] = field(default_factory=dict)  # name -> (engine dir, manifest)
+    checkpoints: Path | None = None  # where the demo checkpoints are written (default: work; they are only read)
 
     def checkpoint(self, shape: str) -> Path:
         """The demo checkpoint in ``shape`` (random weights, Orpheus's vocabulary and layout)."""
-        return demo.ensure_demo(self.work / f"checkpoint-{shape}", shape=shape)
+        return demo.ensure_demo((self.checkpoints or self.work) / f"checkpoint-{shape}", shape=shape)
 
     def config(self, shape: str, quantization: str = "fp8", **overrides: Any) -> LyreConfig:
         root = self.checkpoint(shape)

@@ -67,7 +67,7 @@ def scenario(engine: QwenEngine, family: QwenFamily, tokenizer: Any) -> tuple[di
 
 
 def stage_qwen(ctx: Context) -> tuple[str, list[str], dict[str, Any]]:
-    path = ensure_demo(ctx.work / "qwen3-demo-tiny")
+    path = ensure_demo((ctx.checkpoints or ctx.work) / "qwen3-demo-tiny")
     on_gpu = ctx.kit.device == "cuda"
     dtype = torch.bfloat16 if on_gpu else torch.float32
     config = TorchEngineConfig(slots=8, max_batch_size=8, max_seq_len=512, max_prefill_tokens=512,
