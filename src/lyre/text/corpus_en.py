@@ -178,6 +178,7 @@ CORPUS = [
     ("Acme Inc. is our partner.", "Acme Incorporated is our partner."),
     ("It takes approx. 10 minutes.", "It takes approximately ten minutes."),
     ("Terms & conditions apply.", "Terms and conditions apply."),
+    ("Your AT&T bill is ready.", "Your AT and T bill is ready."),
     ("Apt. 4 is vacant.", "Apartment four is vacant."),
     # --- what is kept as written ----------------------------------------------------------------
     ("Hello, how can I help you today?", "Hello, how can I help you today?"),

@@ -233,7 +233,7 @@ def rules(day_first: bool = False) -> list[Rule]:
         (rf"\b(?:{NUMBER})\b", _number),
         (r"\b(?P<abbr>Dr|Mr|Mrs|Ms|Prof|St|Jr|Sr|Mt|Ave|Rd|Blvd|Apt|Dept|No|approx|etc|vs|e\.g|i\.e|Inc|Ltd)\.",
          _abbreviation),
-        (r"&", lambda m, t: "and"),
+        (r" ?& ?", lambda m, t: " and "),  # ("AT&T": "AT and T")
     ]
 
 
