@@ -18,28 +18,25 @@ from lyre.engine.torch.engine import TorchEngineConfig
 from lyre.model.qwen3tts import CloneReference, build_prompt
 from lyre.model.qwen3tts.config import read_qwen3tts_config
 from lyre.model.qwen3tts.speaker import load_speaker_encoder, mel_filters
-from tests.qwen.test_engine import run
+from tests.qwen.test_engine import TEXTS, run
 from tests.support.qwen_reference import (
     ASSISTANT,
     IM_END,
     IM_START,
     NEWLINE,
     TINY_MIMI,
+    loud_text,
     target_ids,
     tiny_model,
     tiny_tokenizer,
 )
 
-TEXTS = ([1000 + i for i in range(7)], [2000 + i for i in range(12)], [3000, 3001, 3002])
 FRAMES = 10
 
 
 @pytest.fixture(scope="module")
 def reference():
-    model = tiny_model("base", seed=2)
-    with torch.no_grad():  # the text's rows large enough that another text is other audio at once
-        model.talker.model.text_embedding.weight.mul_(50)
-    return model
+    return loud_text(tiny_model("base", seed=2))
 
 
 @pytest.fixture(scope="module")

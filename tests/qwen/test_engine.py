@@ -16,7 +16,7 @@ from lyre.engine.qwen3.engine import QwenEngine
 from lyre.engine.qwen3.request import CodeSampling, FrameRequest, talker_sampling
 from lyre.engine.torch.engine import TorchEngineConfig
 from lyre.model.qwen3tts import TalkerPrompt, build_prompt
-from tests.support.qwen_reference import IM_END, IM_START, NEWLINE, target_ids, tiny_model
+from tests.support.qwen_reference import IM_END, IM_START, NEWLINE, loud_text, target_ids, tiny_model
 
 TEXTS = ([1000 + i for i in range(7)], [2000 + i for i in range(12)], [3000, 3001, 3002])
 FRAMES = 12
@@ -24,10 +24,7 @@ FRAMES = 12
 
 @pytest.fixture(scope="module")
 def reference():
-    model = tiny_model("custom_voice", seed=1)
-    with torch.no_grad():  # the text's rows large enough that another text is other audio at once
-        model.talker.model.text_embedding.weight.mul_(50)
-    return model
+    return loud_text(tiny_model("custom_voice", seed=1))
 
 
 @pytest.fixture(scope="module")

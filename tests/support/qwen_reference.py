@@ -59,6 +59,14 @@ def tiny_model(model_type: str = "custom_voice", seed: int = 0) -> Any:
     return Qwen3TTSForConditionalGeneration(config).eval()
 
 
+def loud_text(model: Any) -> Any:
+    """``model`` with its text embedding scaled up: the text's rows large enough that another text
+    is other audio from the first frame (random weights otherwise let the codec rows drown it)."""
+    with torch.no_grad():
+        model.talker.model.text_embedding.weight.mul_(50)
+    return model
+
+
 def target_ids(text_ids: list[int]) -> torch.Tensor:
     """The reference's target template ``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``
     around already-tokenized text, as a (1, n) batch."""

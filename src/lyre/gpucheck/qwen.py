@@ -42,8 +42,7 @@ def _requests(family: QwenFamily, tokenizer: Any, names: list[str]) -> list[Fram
 
 def scenario(engine: QwenEngine, family: QwenFamily, tokenizer: Any) -> tuple[dict[str, list[int]], float, int]:
     """(each request's codes, seconds in steps, steps)."""
-    first = _requests(family, tokenizer, ["a", "b", "c", "d", "e"])
-    late = _requests(family, tokenizer, ["a", "b", "c", "d", "e", "f"])[-1]
+    *first, late = _requests(family, tokenizer, ["a", "b", "c", "d", "e", "f"])  # (f is admitted at step LATE)
     for r in first:
         if not engine.add(r):
             raise StageFailed(f"the engine refused request {r.request_id}")

@@ -24,6 +24,10 @@ class Rewritten:
     source: str
     text: str = ""
     pieces: list[Piece] = field(default_factory=list)
+    _starts: list[int] = field(default_factory=list, repr=False)  # each piece's out_start (bisected)
+
+    def __post_init__(self) -> None:
+        self._starts = [p.out_start for p in self.pieces]
 
     def source_span(self, start: int, end: int) -> tuple[int, int]:
         """The span of the source that characters ``start``..``end`` of :attr:`text` came from (an
@@ -38,7 +42,7 @@ class Rewritten:
         that character's source span)."""
         if not self.pieces or index >= len(self.text):
             return min(index, len(self.source)) if not self.pieces else len(self.source)
-        i = max(0, bisect.bisect_right([p.out_start for p in self.pieces], index) - 1)
+        i = max(0, bisect.bisect_right(self._starts, index) - 1)
         p = self.pieces[i]
         if p.copied:
             k = min(max(index - p.out_start, 0), p.src_end - p.src_start - (1 if end else 0))
