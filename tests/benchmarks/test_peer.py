@@ -38,14 +38,20 @@ def exported(demo_dir, tmp_path_factory):
     return {kind: export(demo_dir / "llama", out / f"demo-{kind}.gguf", kind) for kind in ("f32", "q8_0")}
 
 
-def _tensors(path) -> dict:
-    return {t.name: t for t in gguf.GGUFReader(path).tensors}
+@pytest.fixture(scope="module")
+def read(exported):
+    """llama.cpp's reader of each exported file, read once (parsing a 156k-token vocabulary takes seconds)."""
+    return {kind: gguf.GGUFReader(path) for kind, path in exported.items()}
 
 
-def test_gguf_holds_every_weight_in_llama_cpp_layout(demo_dir, exported):
+def _tensors(reader) -> dict:
+    return {t.name: t for t in reader.tensors}
+
+
+def test_gguf_holds_every_weight_in_llama_cpp_layout(demo_dir, exported, read):
     cfg = checkpoint.read_llama_config(demo_dir / "llama")
     weights = checkpoint.load_llama_weights(demo_dir / "llama", cfg, dtype=torch.float32)
-    tensors = _tensors(exported["f32"])
+    tensors = _tensors(read["f32"])
     assert len([n for n in tensors if n.startswith("blk.")]) == 9 * cfg.num_hidden_layers
     assert "output.weight" not in tensors  # tied: llama.cpp reads token_embd
     np.testing.assert_array_equal(tensors["token_embd.weight"].data, weights["model.embed_tokens.weight"].numpy())
@@ -59,14 +65,14 @@ def test_gguf_holds_every_weight_in_llama_cpp_layout(demo_dir, exported):
     base = 1.0 / (cfg.rope_theta ** (np.arange(0, hd, 2) / hd))
     np.testing.assert_allclose(base / divisors, rope_inv_freq(cfg).numpy(), rtol=1e-5)
     assert divisors.min() == 1.0 and divisors.max() == cfg.rope_scaling["factor"]
-    q8 = _tensors(exported["q8_0"])
+    q8 = _tensors(read["q8_0"])
     assert q8["blk.0.ffn_up.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert q8["blk.0.ffn_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32  # norms stay f32
     assert exported["q8_0"].stat().st_size < 0.3 * exported["f32"].stat().st_size
 
 
-def test_gguf_vocabulary_is_the_checkpoints(demo_dir, demo_tokenizer, exported):
-    reader = gguf.GGUFReader(exported["f32"])
+def test_gguf_vocabulary_is_the_checkpoints(demo_dir, demo_tokenizer, read):
+    reader = read["f32"]
     tokens = reader.fields["tokenizer.ggml.tokens"]
     assert len(tokens.data) == checkpoint.read_llama_config(demo_dir / "llama").vocab_size
     text = lambda i: bytes(tokens.parts[tokens.data[i]]).decode()  # noqa: E731
