@@ -146,7 +146,7 @@ class _Sink(io.RawIOBase):
         return out
 
 
-class _Stretch:
+class Stretch:
     """Tempo times ``speed``, pitch kept: FFmpeg's ``atempo``, chained so each instance stays within
     0.5-2.0 (beyond 2.0 a single atempo skips input instead of blending it). At the end, silence
     pushes out what atempo still holds, and the output is cut to the input's length / ``speed``."""
@@ -191,8 +191,8 @@ class _Stretch:
         chunk's audio ~90 ms late)."""
         import av
 
-        for at in range(0, pcm.size, _Stretch.FRAME):
-            part = pcm[at : at + _Stretch.FRAME]
+        for at in range(0, pcm.size, Stretch.FRAME):
+            part = pcm[at : at + Stretch.FRAME]
             frame = av.AudioFrame.from_ndarray(part[None, :], format="s16", layout="mono")
             frame.sample_rate, frame.pts, frame.time_base = SOURCE_RATE, self._pts, Fraction(1, SOURCE_RATE)
             self._pts += part.size
@@ -253,7 +253,7 @@ class AudioEncoder:
         self.speed = check_speed(speed)
         self.content_type = CONTENT_TYPES[fmt]
         self.streaming = stream
-        self._stretch = _Stretch(self.speed) if self.speed != 1.0 else None
+        self._stretch = Stretch(self.speed) if self.speed != 1.0 else None
         self._mark = mark if self._stretch is not None else None
         self._resampler = None
         if self.sample_rate != SOURCE_RATE:

@@ -58,7 +58,11 @@ class DoneEvent:
 @dataclass
 class Segment:
     prompt: Any  # the model family's prompt: token ids (Orpheus), rows (Qwen3-TTS); len() = its positions
-    text: str = ""  # what it says (for timestamps)
+    text: str = ""  # what it says, as the caller wrote it (for timestamps)
+    places: tuple[int, ...] | None = None  # each character of text's offset in the caller's text (SSML)
+    pause_before_s: float = 0.0  # silence before its audio and after it (SSML <break>), added by the stream
+    pause_after_s: float = 0.0
+    rate: float = 1.0  # its audio is played this many times faster, pitch kept (SSML <prosody rate>), by the stream
     prefix_key: str | None = None  # a cloned voice's reference turn: the first prefix_len ids, kept by the engine
     prefix_len: int = 0
     parser: FrameParser | None = None  # the family's, from its engine's ids to frames (made when submitted)

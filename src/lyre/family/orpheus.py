@@ -41,8 +41,9 @@ class OrpheusFamily:
                instructions: str | None = None) -> list[int]:
         """The prompt ids that speak ``text`` in built-in ``voice`` (None: after a cloned voice's
         reference turn). ``instructions`` are accepted and ignored (Orpheus takes no style prompt)."""
-        if language is not None and language.lower() not in LANGUAGES:
-            raise ValueError(f"'language' = {language!r}: Orpheus speaks English (auto, english)")
+        if language is not None and language.lower() not in LANGUAGES and not language.lower().startswith("en-"):
+            raise ValueError(f"'language' = {language!r}: Orpheus speaks English (auto, english, en, or en-GB and "
+                             "the like: the region picks how numbers and dates are read)")
         return orpheus.build_prompt_ids(tokenizer, text, voice)
 
     def cloned(self, tokenizer: Any, text: str, key: str, reference: list[int], language: str | None = None,

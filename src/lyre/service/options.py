@@ -30,7 +30,7 @@ from lyre.config.validation import limits_of, request_error
 
 MAX_NAME_CHARS = 128  # voices, formats, context ids, model names
 # how the voice speaks (the model family decides what it honours), and how the text is read
-VOICE_OPTIONS = ("language", "instructions", "text_normalization")
+VOICE_OPTIONS = ("language", "instructions", "text_normalization", "ssml")
 
 
 def _valid_unicode(value: str) -> str:
@@ -102,6 +102,7 @@ class SynthesisRequest(SamplingOptions):
     language: Name | None = None  # the language spoken (a Qwen3-TTS checkpoint's names; default auto)
     instructions: Text | None = None  # a voice description (Qwen3-TTS VoiceDesign and 1.7B CustomVoice)
     text_normalization: TextNormalization | None = None  # NORMALIZATION_HELP
+    ssml: SsmlMode | None = None  # SSML_HELP
 
 
 def _voice_ref(value: Any) -> Any:
@@ -127,6 +128,11 @@ Timestamps = Literal["pieces", "words", "chars"]
 # where Lyre has rules for the language (English), on refuses a language it has none for; off reads
 # the text as written
 TextNormalization = Literal["auto", "on", "off"]
+# whether text that starts with <speak> is read as SSML (lyre.text.ssml): auto, strictly (an unknown
+# tag is refused), lenient (an unknown tag is read as its text), or off (the markup is read as text)
+SsmlMode = Literal["auto", "lenient", "off"]
+SSML_HELP = ("auto (default): text that starts with <speak> is SSML, and a tag Lyre does not read is refused (400); "
+             "lenient: such a tag is read as its text; off: the text is read as written, markup and all")
 NORMALIZATION_HELP = ("auto (default) or on: numbers, money, dates, times, telephone numbers, web addresses, units, "
                       "abbreviations and identifiers are said as words (English; on refuses another language); off: "
                       "the text is read as written")
@@ -157,6 +163,7 @@ class SpeechBody(SamplingOptions):
     language: Name | None = Field(None, description="the language spoken: auto (default) or a language the model "
                                   "names (Qwen3-TTS: english, chinese, ...); Orpheus speaks English")
     text_normalization: TextNormalization | None = Field(None, description=NORMALIZATION_HELP)
+    ssml: SsmlMode | None = Field(None, description=SSML_HELP)
     timestamps: Timestamps | None = Field(None, description="with stream_format sse: a speech.audio.timestamps "
                                           "event after each text piece's audio: pieces (its span), words (and its "
                                           "estimated words), chars (and its characters' estimated times)")
@@ -182,6 +189,7 @@ class WsMessage(SamplingOptions):
     language: Name | None = None  # as SpeechBody's
     instructions: Text | None = None  # as SpeechBody's
     text_normalization: TextNormalization | None = None  # as SpeechBody's
+    ssml: SsmlMode | None = None  # as SpeechBody's
     response_format: Name | None = None
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lyre.core.session import CANCELLED, FINISHED, ChunkEvent, Session
+from lyre.core.session import CANCELLED, FINISHED, ChunkEvent, DoneEvent, Session
 from lyre.core.stats import SessionMetrics
 from lyre.errors import ServiceUnavailable, SynthesisCancelled, SynthesisFailed, SynthesisTimeout
 from lyre.model import orpheus
+from lyre.service.shaping import Shaping, to_int16
 from lyre.service.timing import Timeline
 
 if TYPE_CHECKING:
@@ -32,6 +33,8 @@ class AudioChunk:
     late: bool  # delivered after the audio before it had finished playing
     segment: int = 0  # which of its synthesis' text segments it is audio of
     segment_end: bool = False  # the last chunk of that segment
+    silence_before: int = 0  # samples of SSML silence (<break>) at its start, before its segment's speech
+    silence_after: int = 0  # and at its end, after it
 
     @property
     def seconds(self) -> float:
@@ -47,10 +50,6 @@ class Audio:
     @property
     def seconds(self) -> float:
         return len(self.pcm) / self.sample_rate
-
-
-def to_int16(pcm: np.ndarray) -> np.ndarray:
-    return (np.clip(pcm, -1.0, 1.0) * 32767.0).round().astype(np.int16)
 
 
 class _Ending:
@@ -96,12 +95,17 @@ class SpeechStream:
         self._audit = audit
         self.session_id = session.session_id
         self.segment_texts = [seg.text for seg in session.segments]
+        self.segment_places = [seg.places for seg in session.segments]  # (SSML: each character's offset)
+        self._shaping = Shaping(session.segments)
+        self._samples = 0  # audio handed out (silence and stretches included)
+        self._index = 0
+        self._done: DoneEvent | None = None  # the end, held back while a last chunk of silence goes out first
         self.timeline: Timeline | None = None
         if text is not None:
             self.timeline = Timeline()
             self.timeline.add_text(text)
-            for i, piece in enumerate(self.segment_texts):
-                self.timeline.expect(i, piece)
+            for i, (piece, places) in enumerate(zip(self.segment_texts, self.segment_places, strict=True)):
+                self.timeline.expect(i, piece, places)
         self.metrics: SessionMetrics | None = None
         self._ending = _Ending(cancel, audit, owns_audit)
         weakref.finalize(self, self._ending.abandon).atexit = False  # not at interpreter exit: nothing to free
@@ -116,22 +120,25 @@ class SpeechStream:
     async def __anext__(self) -> AudioChunk:
         if self.closed:
             raise StopAsyncIteration
-        try:
-            ev = await self._events.get()
-        except BaseException:
-            self.cancel()
-            raise
+        if self._done is not None:
+            ev = self._done
+        else:
+            try:
+                ev = await self._events.get()
+            except BaseException:
+                self.cancel()
+                raise
         if isinstance(ev, ChunkEvent):
             self._session.consumed_samples += len(ev.pcm)
-            pcm = to_int16(ev.pcm if self._mark is None else self._mark(ev.pcm))
-            if self._audit is not None:
-                await self._audit.recorded()  # no audio goes out before its audit row is written
-                self._audit.add_pcm(pcm)
-            if self.timeline is not None:
-                self.timeline.audio(ev.segment, len(pcm), ev.segment_end)
-            return AudioChunk(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, offset_samples=ev.offset, index=ev.index,
-                              elapsed_ms=1000 * (time.monotonic() - self._session.created), late=ev.late,
-                              segment=ev.segment, segment_end=ev.segment_end)
+            pcm, before, after = self._shaping.chunk(ev)
+            return await self._out(pcm, ev.segment, ev.segment_end, ev.late, before, after)
+        if ev.outcome == FINISHED and self._done is None:
+            tail = self._shaping.finish()
+            if len(tail):  # (a stretch's last audio, the silence after the last segment)
+                self._done = ev
+                last = len(self.segment_texts) - 1
+                return await self._out(tail, last, True, False, 0, len(tail))
+        self._done = None
         self.metrics = ev.metrics
         if self.timeline is not None and ev.outcome == FINISHED:
             self.timeline.finish()
@@ -145,6 +152,21 @@ class SpeechStream:
         if ev.outcome == CANCELLED:
             raise SynthesisCancelled(f"synthesis was cancelled ({ev.reason})", reason=ev.reason)
         raise SynthesisFailed(ev.reason or "synthesis failed")
+
+    async def _out(self, pcm: np.ndarray, segment: int, end: bool, late: bool, before: int, after: int) -> AudioChunk:
+        """A chunk as it goes out: watermarked, audited, placed on the timeline."""
+        pcm = to_int16(pcm if self._mark is None else self._mark(pcm))
+        if self._audit is not None:
+            await self._audit.recorded()  # no audio goes out before its audit row is written
+            self._audit.add_pcm(pcm)
+        if self.timeline is not None:
+            self.timeline.place(segment, len(pcm), end, before, after)
+        chunk = AudioChunk(pcm=pcm, sample_rate=orpheus.SAMPLE_RATE, offset_samples=self._samples, index=self._index,
+                           elapsed_ms=1000 * (time.monotonic() - self._session.created), late=late, segment=segment,
+                           segment_end=end, silence_before=before, silence_after=after)
+        self._samples += len(pcm)
+        self._index += 1
+        return chunk
 
     def cancel(self) -> None:
         """Stop now: the engine frees the slot at its next step; iterating again ends at once."""

@@ -186,10 +186,29 @@ class Timeline:
         """The caller's text, as it arrives (everything it sends, in order)."""
         self._text += text
 
-    def expect(self, key: Hashable, text: str) -> None:
-        """A piece that will be spoken next (after those expected before it), as spoken: found in the text now."""
-        start, end, places = self._locate(text)
+    @property
+    def received(self) -> int:
+        """Characters of the caller's text added so far."""
+        return self._base + len(self._text)
+
+    def expect(self, key: Hashable, text: str, places: tuple[int, ...] | None = None) -> None:
+        """A piece that will be spoken next (after those expected before it), as spoken: found in the text now
+        (``places``: each of its characters' offsets in the caller's text, where they are known: SSML)."""
+        if places is None:
+            start, end, places = self._locate(text)
+        else:
+            places = list(places)
+            start, end = (places[0], places[-1] + 1) if places else (self._base, self._base)
+            used = max(0, end - self._base)  # (the caller's text up to its end is used up)
+            self._text, self._base = self._text[used:], self._base + used
         self._expected.append(_Pending(key, text, start, end, _units(text, places, start)))
+
+    def place(self, key: Hashable, samples: int, last: bool = False, before: int = 0, after: int = 0) -> None:
+        """As :meth:`audio`, for a chunk whose first ``before`` and last ``after`` samples are silence
+        around the piece's speech (SSML breaks): the silence belongs to no piece."""
+        self._at += before
+        self.audio(key, samples - before - after, last)
+        self._at += after
 
     def audio(self, key: Hashable, samples: int, last: bool = False) -> None:
         """The next ``samples`` of the stream's audio are piece ``key``'s (``last``: its last ones). Pieces

@@ -43,11 +43,10 @@ from lyre.errors import (
 )
 from lyre.family import ORPHEUS, Family
 from lyre.model import checkpoint, orpheus
-from lyre.service import runtime, upkeep
+from lyre.service import runtime, said, upkeep
 from lyre.service.consents import Consents
 from lyre.service.options import SynthesisRequest, parse
 from lyre.service.stream import Audio, SpeechStream
-from lyre.service.text import MAX_SEGMENT_CHARS, split_text, spoken
 from lyre.service.utterance import Utterance
 from lyre.service.voices import Voices
 from lyre.storage.registry import Voice
@@ -170,7 +169,7 @@ class TTSService:
         if not self.ready:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
         voice = self._voice(voice, account)
-        segments, params = self._prepare(text, voice, sampling)
+        segments, params, chars = self._prepare(text, voice, sampling)
         owns_audit = audit is None
         if owns_audit:
             audit = self._audit_entry(voice, account, protocol)
@@ -184,7 +183,7 @@ class TTSService:
             raise
         if owns_audit:  # (an utterance's pieces were counted as they were appended)
             try:
-                self.charge(account, len(text))
+                self.charge(account, chars)
             except BaseException:
                 self.gate.leave(account)
                 raise
@@ -223,7 +222,7 @@ class TTSService:
         ``server.max_input_chars``, is split into sentences by an :class:`Utterance`. Raises as
         :meth:`stream` does (an overload of a long text's first piece: on the first chunk)."""
         limit = self.config.active_profile.max_text_chars
-        if not isinstance(text, str) or len(text) <= limit:
+        if not isinstance(text, str) or len(text) <= limit or said.is_document(text, sampling.get("ssml")):
             return self.stream(text, voice, account=account, protocol=protocol, tempo=tempo, **sampling)
         most = max(limit, self.config.server.max_input_chars)
         if len(text) > most:
@@ -279,7 +278,7 @@ class TTSService:
                                                    **sampling),
                          self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit,
                          charge=lambda n: self.charge(account, n),
-                         control=self._control_token)
+                         control=self._control_token, ssml_mode=sampling.get("ssml"))
 
     def _control_token(self, text: str) -> Any:
         """Text an utterance holds back that the tokenizer would read as a control token (Orpheus)."""
@@ -319,28 +318,36 @@ class TTSService:
         params.validate()
         return params
 
-    def _prepare(self, text: str, voice: str | Voice, sampling: dict[str, Any]) -> tuple[list[Segment], SamplingParams]:
+    def _language(self, code: str | None) -> str | None:
+        """An SSML <lang>'s BCP-47 code as a multilingual family names the language (None for Orpheus,
+        which speaks English whatever the text's language: <lang> picks only how its text is normalised)."""
+        of = getattr(self.family, "language_of", None)
+        if code is None or of is None:
+            return None
+        try:
+            return of(code)
+        except ValueError as e:
+            raise InvalidRequest(f"SSML <lang xml:lang={code!r}>: {e}") from None
+
+    def _prepare(self, text: str, voice: str | Voice,
+                 sampling: dict[str, Any]) -> tuple[list[Segment], SamplingParams, int]:
         cfg = self.config
         request = parse(SynthesisRequest, {"text": text, **sampling})
         params = self._sampling(request)
         if not request.text.strip():
             raise InvalidRequest("text is empty: there is nothing to speak")
-        limit = cfg.active_profile.max_text_chars
-        if len(request.text) > limit:
-            raise TextTooLong(
-                f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}"
-            )
-        pieces = split_text(request.text, MAX_SEGMENT_CHARS)
-        said = spoken(pieces, request.language, request.text_normalization)  # (each piece stays the caller's text)
-        options = dict(language=request.language, instructions=request.instructions)
+        pieces, chars = said.of_request(request, cfg)  # (each piece keeps the caller's text beside what is read)
         try:
-            if isinstance(voice, Voice):  # a cloned voice: its reference as its family reads it, then the text
-                key, reference = self.voices.reference(voice)
-                segments = [Segment(**self.family.cloned(self.tokenizer, s, key, reference, **options), text=p)
-                            for p, s in zip(pieces, said, strict=True)]
-            else:
-                segments = [Segment(self.family.prompt(self.tokenizer, s, voice, **options), text=p)
-                            for p, s in zip(pieces, said, strict=True)]
+            segments = []
+            for p in pieces:
+                options = dict(language=self._language(p.language) or request.language, instructions=request.instructions)
+                if isinstance(voice, Voice):  # a cloned voice: its reference as its family reads it, then the text
+                    key, reference = self.voices.reference(voice)
+                    made = self.family.cloned(self.tokenizer, p.spoken, key, reference, **options)
+                else:
+                    made = {"prompt": self.family.prompt(self.tokenizer, p.spoken, voice, **options)}
+                segments.append(Segment(**made, text=p.text, places=p.places, pause_before_s=p.pause_before_s,
+                                        pause_after_s=p.pause_after_s, rate=p.rate))
         except InvalidRequest:
             raise  # (ControlTokenInText: text that spells a control token)
         except ValueError as e:
@@ -356,7 +363,7 @@ class TTSService:
             raise OutOfRange(f"'max_tokens' = {needed} is out of range (the request's, or its text's cap): with this "
                              f"prompt ({longest} tokens) a slot of kv_cache.max_seq_len {cfg.kv_cache.max_seq_len} "
                              f"tokens holds at most {room}")
-        return segments, params
+        return segments, params, chars
 
     async def on_engine_thread(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine thread between steps and return its result (for inspection)."""

@@ -40,6 +40,7 @@ from lyre.errors import (
 from lyre.model.orpheus import CONTROL_TAIL
 from lyre.service.text import SentenceStream
 from lyre.service.timing import Timeline
+from lyre.text import ssml
 
 if TYPE_CHECKING:
     from lyre.core.stats import SessionMetrics
@@ -48,6 +49,17 @@ if TYPE_CHECKING:
     from lyre.trust.audit import AuditEntry
 
 AHEAD = 1  # pieces generating ahead of the one being heard
+
+
+class SsmlPiece(str):
+    """A piece that is an SSML document (spoken as one synthesis), and where it starts in the utterance's text."""
+
+    offset: int
+
+    def __new__(cls, text: str, offset: int) -> SsmlPiece:
+        piece = super().__new__(cls, text)
+        piece.offset = offset
+        return piece
 
 
 class Speaker(Protocol):
@@ -76,8 +88,9 @@ class UtteranceMetrics:
 class Utterance:
     def __init__(self, speak: Speaker, max_chars: int, max_pending_chars: int, audit: AuditEntry | None = None,
                  charge: Callable[[int], None] | None = None,
-                 control: Callable[[str], ControlToken | None] | None = None):
+                 control: Callable[[str], ControlToken | None] | None = None, ssml_mode: str | None = None):
         self._speak = speak
+        self._ssml = ssml_mode  # the request's ``ssml``: an append that starts with <speak> is a whole document
         self._charge = charge  # counts appended characters against the account's quota (raises to refuse)
         self._control = control  # finds text the tokenizer reads as a control token (orpheus.control_token)
         self._tail = ""  # the last CONTROL_TAIL characters appended: a control token may span two appends
@@ -119,8 +132,12 @@ class Utterance:
             raise InvalidRequest(f"appended text must be a string, got {type(text).__name__}")
         held = self._held
         text = self._join_surrogates(text)
+        chars = len(text)
         try:
             self._check_control(text)
+            document = self._ssml != "off" and ssml.is_ssml(text)
+            if document:  # (checked whole now: nothing changes when it is refused)
+                chars = len(self._document(text).text)
         except InvalidRequest:
             self._held = held
             raise
@@ -131,15 +148,26 @@ class Utterance:
                 f"server.max_pending_text_chars is {self.max_pending_chars}: send more once audio has played")
         if self._charge is not None:
             try:
-                self._charge(len(text))
+                self._charge(chars)
             except BaseException:
                 self._held = held
                 raise
         if self._audit is not None:
             self._audit.add_text(text)
+        offset = self.timeline.received
         self.timeline.add_text(text)
         self._tail = (self._tail + text)[-CONTROL_TAIL:]
-        self._add(self._text.append(text))
+        if document:  # the text before it is spoken first, then the document as one piece
+            self._add(self._text.flush())
+            self._add([SsmlPiece(text, offset)])
+        else:
+            self._add(self._text.append(text))
+
+    def _document(self, text: str) -> ssml.Document:
+        try:
+            return ssml.parse(text, lenient=self._ssml == "lenient")
+        except ssml.SsmlError as e:
+            raise InvalidRequest(f"{e} (an SSML document is sent whole, in one message)") from None
 
     def _check_control(self, text: str) -> None:
         if self._control is None or not text:
@@ -236,8 +264,10 @@ class Utterance:
             self._queue.popleft()
             self._queued_chars -= len(piece)
             self._streams.append((stream, started_at))
-            for i, text in enumerate(stream.segment_texts):
-                self.timeline.expect((len(self.pieces), i), text)
+            at = piece.offset if isinstance(piece, SsmlPiece) else None
+            for i, (text, places) in enumerate(zip(stream.segment_texts, stream.segment_places, strict=True)):
+                self.timeline.expect((len(self.pieces), i), text,
+                                     None if places is None or at is None else tuple(at + p for p in places))
             self.pieces.append(piece)
 
     # --- the consumer side ----------------------------------------------------------------------
@@ -276,7 +306,8 @@ class Utterance:
                     self._count(stream.metrics, started_at)
                     self.timeline.through((heard, len(stream.segment_texts) - 1))
                     continue
-                self.timeline.audio((heard, chunk.segment), len(chunk.pcm), chunk.segment_end)
+                self.timeline.place((heard, chunk.segment), len(chunk.pcm), chunk.segment_end, chunk.silence_before,
+                                    chunk.silence_after)
                 chunk = dataclasses.replace(chunk, offset_samples=self._samples, index=self._index)
                 self._samples += len(chunk.pcm)
                 self._index += 1

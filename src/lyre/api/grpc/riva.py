@@ -20,7 +20,8 @@ Opus takes the next rate it supports, 8/12/16/24/48 kHz); ``voice_name``: a Riva
 ``riva.language_code``'s language (or empty); ``custom_configuration`` may carry Lyre's sampling
 options (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_tokens``,
 ``min_tokens``, ``seed``) and ``instructions`` (a voice description, for a Qwen3-TTS checkpoint that
-reads one; Orpheus ignores it, as on every protocol) and ``text_normalization`` (auto, on, off); ``id``
+reads one; Orpheus ignores it, as on every protocol), ``text_normalization`` (auto, on, off) and ``ssml``
+(auto, lenient, off: Riva clients send SSML in ``text``); ``id``
 is echoed on every response. ``custom_dictionary`` (phonemes) and
 ``zero_shot_data`` (cloning per request) are refused with INVALID_ARGUMENT: Orpheus reads text as
 written, and a voice is cloned only with its speaker's consent on record (enroll it, then pass its
@@ -90,6 +91,8 @@ def settings(request: Any, service: TTSService) -> Settings:
             raise InvalidRequest(str(e)) from None
     elif language and language.split("-")[0].lower() != cfg.riva.language_code.split("-")[0].lower():
         raise InvalidRequest(f"language_code {language!r} is not served: this model speaks {cfg.riva.language_code}")
+    elif language:  # (Orpheus: en-GB reads 03/04 as the 3rd of April)
+        spoken = {"language": language}
     if request.custom_dictionary:
         raise InvalidRequest("custom_dictionary is not supported: Orpheus reads text as written (no phoneme "
                              "dictionary); spell words the way they are said")
@@ -106,7 +109,7 @@ def settings(request: Any, service: TTSService) -> Settings:
                 f"{', '.join(f'{cfg.riva.voice_name}.{s}' for s, v in cfg.riva.subvoices.items() if v in cfg.model.voices)}"
                 f"; Lyre voices: {', '.join(cfg.model.voices)}; or a cloned voice's id")
     options = dict(request.custom_configuration)
-    for name in ("instructions", "text_normalization"):  # (Lyre's, which Riva has no field for)
+    for name in ("instructions", "text_normalization", "ssml"):  # (Lyre's, which Riva has no field for)
         if name in options:
             spoken[name] = options.pop(name)
     return Settings(fmt, rate, voice, {**_sampling(options), **spoken})
@@ -119,7 +122,7 @@ def _sampling(options: dict[str, str]) -> dict[str, Any]:
         kind = _SAMPLING_TYPES.get(key)
         if kind is None:
             raise InvalidRequest(f"unknown custom_configuration key {key!r}; Lyre reads: {', '.join(_SAMPLING_TYPES)}, "
-                                 "instructions, text_normalization")
+                                 "instructions, text_normalization, ssml")
         try:
             values[key] = kind(text)
         except ValueError:
