@@ -41,6 +41,12 @@ class UnknownConsent(InvalidRequest):
     code = "unknown_consent"
 
 
+class UnknownLexicon(UnknownConsent):
+    """A lexicon id that is not one of the account's (404, worded as for one never made)."""
+
+    code = "unknown_lexicon"
+
+
 class TextTooLong(InvalidRequest):
     code = "text_too_long"
 
@@ -129,6 +135,12 @@ class TooManyConsents(TooManyVoices):
     """The account holds voices.max_per_account consent recordings (409)."""
 
     code = "too_many_consents"
+
+
+class TooManyLexicons(TooManyVoices):
+    """The account holds voices.max_lexicons_per_account lexicons (409)."""
+
+    code = "too_many_lexicons"
 
 
 class ConsentInUse(LyreError):

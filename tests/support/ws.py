@@ -30,3 +30,22 @@ async def until_done(ws, context_id=None, others: list | None = None) -> tuple[l
         elif data.get("done"):
             done = data
     return audio, done
+
+
+def prompt_tokens(server, body: dict, headers: dict | None = None) -> int:
+    """The prompt tokens the model was given for one WebSocket synthesis of ``body`` (voice tara, seed 1,
+    28 tokens unless it says otherwise): what the model read, seen from outside."""
+    import asyncio
+
+    import websockets
+
+    async def go() -> dict:
+        async with websockets.connect(ws_url(server), additional_headers=headers or {}) as ws:
+            await ws.send(json.dumps({"voice": "tara", "seed": 1, "max_tokens": 28, **body}))
+            while isinstance(reply := await ws.recv(), bytes):
+                pass
+            return json.loads(reply)
+
+    done = asyncio.run(go())
+    assert done.get("done"), done
+    return done["metrics"]["prompt_tokens"]

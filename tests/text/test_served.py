@@ -17,25 +17,13 @@ import websockets
 from lyre.service.text import spoken
 from lyre.v1 import tts_pb2, tts_pb2_grpc
 from tests.support.servers import serve_in_process
+from tests.support.ws import prompt_tokens
 
 
 @pytest.fixture(scope="module")
 def server():
     with serve_in_process() as srv:
         yield srv
-
-
-def prompt_tokens(server, body: dict) -> int:
-    async def go() -> dict:
-        async with websockets.connect(server.http.replace("http", "ws") + "/v1/audio/stream") as ws:
-            await ws.send(json.dumps({"voice": "tara", "seed": 1, "max_tokens": 28, **body}))
-            while isinstance(reply := await ws.recv(), bytes):
-                pass
-            return json.loads(reply)
-
-    done = asyncio.run(go())
-    assert done.get("done"), done
-    return done["metrics"]["prompt_tokens"]
 
 
 def test_numbers_are_said_as_words_unless_the_request_says_off(server):

@@ -54,12 +54,25 @@ def test_say_as(kind, text, fmt, expected):
     assert say_as(kind, text, fmt) == expected
 
 
-def test_a_document_is_cut_at_breaks_paragraphs_sentences_and_rate_changes_with_the_silence_around_them():
+def test_a_document_is_cut_at_breaks_paragraphs_and_rate_changes_with_the_silence_around_them():
     segments = said('<speak>One.<break time="750ms"/>Two <prosody rate="slow">three</prosody>'
                     '<p>Four.</p><p><s>Five.</s><s>Six.</s></p><break strength="strong"/></speak>')
     assert [(s.text, s.pause_before_s, s.pause_after_s, s.rate) for s in segments] == [
         ("One.", 0.0, 0.0, 1.0), ("Two", 0.75, 0.0, 1.0), ("three", 0.0, 0.0, 0.8), ("Four.", 0.0, 0.0, 1.0),
-        ("Five.", 0.5, 0.0, 1.0), ("Six.", 0.0, 0.7, 1.0)]
+        ("Five. Six.", 0.5, 0.7, 1.0)]  # (sentences pack together, as plain text's do)
+
+
+def test_what_a_document_makes_the_model_read_is_bounded_and_charged():
+    with pytest.raises(InvalidRequest, match="at most 64 are accepted"):
+        said("<speak>" + "".join(f"w{i}<break time='10ms'/>" for i in range(100)) + "</speak>")
+    with pytest.raises(InvalidRequest, match="reads as 1000 characters; at most 280"):
+        said('<speak><sub alias="' + "a" * 1000 + '">x</sub></speak>')
+    assert len(said("<speak>" + "<s>a.</s>" * 500 + "</speak>")) == 4  # (packed, not a segment each)
+    nested = said('<speak>a <sub alias="one"><p>1</p></sub> b</speak>')  # (nothing inside a sub escapes it)
+    assert [(s.spoken, s.pause_before_s) for s in nested] == [("a one b", 0.0)]
+    with pytest.raises(SsmlError, match="<audio> is not one Lyre reads"):
+        parse('<speak><say-as interpret-as="digits"><audio/>1</say-as></speak>')
+    assert say_as("digits", "x²3") == "three" and say_as("cardinal", "9" * 5000).startswith("nine nine")
 
 
 def test_long_text_is_cut_at_sentence_ends_and_every_segment_fits():

@@ -251,6 +251,8 @@ class VoicesConfig(Section):
     min_seconds: float = Field(3.0, gt=0.0, le=600.0)  # reference clip duration
     max_seconds: float = Field(30.0, gt=0.0, le=600.0)
     max_per_account: int = Field(100, ge=1, le=1_000_000)
+    max_lexicons_per_account: int = Field(20, ge=1, le=10_000)  # pronunciation lexicons (PLS) one account may hold
+    max_lexicon_bytes: int = Field(65536, ge=1024, le=16 * 2**20)  # one lexicon's PLS document
     max_transcript_chars_per_second: float = Field(30.0, gt=0.0)  # longer transcripts cannot be what the clip says
     prefix_cache_mb: int = Field(512, ge=0, le=1_000_000)  # KV of cloned voices' reference prompts (LRU); 0 = off
     sweep_s: float = Field(2.0, gt=0.0, le=3600.0)  # how often kept prefixes of voices deleted elsewhere are dropped

@@ -30,7 +30,7 @@ from lyre.config.validation import limits_of, request_error
 
 MAX_NAME_CHARS = 128  # voices, formats, context ids, model names
 # how the voice speaks (the model family decides what it honours), and how the text is read
-VOICE_OPTIONS = ("language", "instructions", "text_normalization", "ssml")
+VOICE_OPTIONS = ("language", "instructions", "text_normalization", "ssml", "lexicons")
 
 
 def _valid_unicode(value: str) -> str:
@@ -43,6 +43,7 @@ def _valid_unicode(value: str) -> str:
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
 Name = Annotated[str, StringConstraints(max_length=MAX_NAME_CHARS), AfterValidator(_valid_unicode)]
+LexiconIds = Annotated[list[Name], Field(max_length=16)]  # a request's lexicons (LEXICONS_HELP)
 
 
 def _not_null(value: Any) -> Any:
@@ -103,6 +104,7 @@ class SynthesisRequest(SamplingOptions):
     instructions: Text | None = None  # a voice description (Qwen3-TTS VoiceDesign and 1.7B CustomVoice)
     text_normalization: TextNormalization | None = None  # NORMALIZATION_HELP
     ssml: SsmlMode | None = None  # SSML_HELP
+    lexicons: LexiconIds | None = None  # LEXICONS_HELP
 
 
 def _voice_ref(value: Any) -> Any:
@@ -131,6 +133,8 @@ TextNormalization = Literal["auto", "on", "off"]
 # whether text that starts with <speak> is read as SSML (lyre.text.ssml): auto, strictly (an unknown
 # tag is refused), lenient (an unknown tag is read as its text), or off (the markup is read as text)
 SsmlMode = Literal["auto", "lenient", "off"]
+LEXICONS_HELP = ("ids of the account's pronunciation lexicons (POST /v1/lexicons) to read, in order (the first that "
+                 "names a word wins); default: the account's default lexicons; [] for none")
 SSML_HELP = ("auto (default): text that starts with <speak> is SSML, and a tag Lyre does not read is refused (400); "
              "lenient: such a tag is read as its text; off: the text is read as written, markup and all")
 NORMALIZATION_HELP = ("auto (default) or on: numbers, money, dates, times, telephone numbers, web addresses, units, "
@@ -164,6 +168,7 @@ class SpeechBody(SamplingOptions):
                                   "names (Qwen3-TTS: english, chinese, ...); Orpheus speaks English")
     text_normalization: TextNormalization | None = Field(None, description=NORMALIZATION_HELP)
     ssml: SsmlMode | None = Field(None, description=SSML_HELP)
+    lexicons: LexiconIds | None = Field(None, description=LEXICONS_HELP)
     timestamps: Timestamps | None = Field(None, description="with stream_format sse: a speech.audio.timestamps "
                                           "event after each text piece's audio: pieces (its span), words (and its "
                                           "estimated words), chars (and its characters' estimated times)")
@@ -190,6 +195,7 @@ class WsMessage(SamplingOptions):
     instructions: Text | None = None  # as SpeechBody's
     text_normalization: TextNormalization | None = None  # as SpeechBody's
     ssml: SsmlMode | None = None  # as SpeechBody's
+    lexicons: LexiconIds | None = None  # as SpeechBody's
     response_format: Name | None = None
     format: Name | None = None  # seed 004's name for response_format
     sample_rate: int | None = None
@@ -238,3 +244,12 @@ def parse(model: type[M], data: Mapping[str, Any]) -> M:
         return model.model_validate(data)
     except ValidationError as e:
         raise request_error(model, e.errors(include_url=False)[0]) from None
+
+
+class LexiconCreate(_Options):
+    """The JSON body of ``POST /v1/lexicons``."""
+
+    name: str = Field(min_length=1, max_length=64, description="a label: 1-64 printable characters")
+    pls: str = Field(min_length=1, description="the lexicon: a W3C PLS 1.0 document (<lexicon version=\"1.0\" "
+                     "xml:lang=...>), at most voices.max_lexicon_bytes")
+    default: bool = Field(False, description="read by every request of the account that names no lexicons")

@@ -20,7 +20,9 @@ from lyre.text import ssml
 if TYPE_CHECKING:
     from lyre.config import LyreConfig
     from lyre.service.options import SynthesisRequest
+    from lyre.text.pls import Aliases
 
+MAX_SEGMENTS = 64  # of one SSML document (each is a prompt the model reads)
 _NO_SPACE_BEFORE = re.compile(r" ([,.;:!?…])")
 _CUTS = (re.compile(r"[.!?…][\"')\]]*\s+"), re.compile(r"[,;:—–]\s+"), re.compile(r"\s+"))
 
@@ -43,10 +45,11 @@ def is_document(text: str, mode: str | None) -> bool:
     return mode != "off" and ssml.is_ssml(text)
 
 
-def of_request(request: SynthesisRequest, cfg: LyreConfig) -> tuple[list[Said], int]:
+def of_request(request: SynthesisRequest, cfg: LyreConfig, aliases: Aliases | None = None) -> tuple[list[Said], int]:
     """A synthesis request's text as segments, and the characters it is charged for (an SSML
-    document's text, its markup not counted). TextTooLong past the profile's ``max_text_chars``
-    (an SSML document: past ``server.max_input_chars``, as it is spoken as one synthesis)."""
+    document's: what each segment says or reads, the longer of the two; its markup not counted). TextTooLong past the profile's ``max_text_chars``
+    (an SSML document: past ``server.max_input_chars``, as it is spoken as one synthesis). ``aliases``:
+    a lexicon's words read in place of the caller's, before normalisation (SSML: in its plain text)."""
     limit = cfg.active_profile.max_text_chars
     if is_document(request.text, request.ssml):
         most = max(limit, cfg.server.max_input_chars)
@@ -57,37 +60,48 @@ def of_request(request: SynthesisRequest, cfg: LyreConfig) -> tuple[list[Said], 
             doc = ssml.parse(request.text, lenient=request.ssml == "lenient")
         except ssml.SsmlError as e:
             raise InvalidRequest(str(e)) from None
-        return from_ssml(doc, MAX_SEGMENT_CHARS, request.language, request.text_normalization), len(doc.text)
+        said = from_ssml(doc, MAX_SEGMENT_CHARS, request.language, request.text_normalization, aliases)
+        return said, sum(max(len(s.text), len(s.spoken)) for s in said)
     if len(request.text) > limit:
         raise TextTooLong(f"text has {len(request.text)} characters; the '{cfg.profile}' profile accepts at most {limit}")
-    return plain(request.text, MAX_SEGMENT_CHARS, request.language, request.text_normalization), len(request.text)
+    return (plain(request.text, MAX_SEGMENT_CHARS, request.language, request.text_normalization, aliases),
+            len(request.text))
 
 
-def plain(text: str, max_chars: int, language: str | None, normalization: str | None) -> list[Said]:
+def plain(text: str, max_chars: int, language: str | None, normalization: str | None,
+          aliases: Aliases | None = None) -> list[Said]:
     pieces = split_text(text, max_chars)
-    return [Said(p, s) for p, s in zip(pieces, spoken(pieces, language, normalization), strict=True)]
+    read = [aliases.apply(p) for p in pieces] if aliases else pieces
+    return [Said(p, s) for p, s in zip(pieces, spoken(read, language, normalization), strict=True)]
 
 
-def from_ssml(doc: ssml.Document, max_chars: int, language: str | None, normalization: str | None) -> list[Said]:
+def from_ssml(doc: ssml.Document, max_chars: int, language: str | None, normalization: str | None,
+              aliases: Aliases | None = None) -> list[Said]:
     """``doc``'s runs as segments; InvalidRequest when it has nothing to say."""
     groups: list[list[ssml.Run]] = []
     for run in doc.runs:
         first = groups[-1][0] if groups else None
-        if first is None or run.boundary or run.pause_before_s or (run.rate, run.language) != (first.rate, first.language):
-            groups.append([])
+        if first is None or run.pause_before_s or (run.rate, run.language) != (first.rate, first.language):
+            groups.append([])  # (a sentence or paragraph alone packs with the text around it, as plain text does)
+        if run.said is not None and len(run.said) > max_chars:
+            raise InvalidRequest(f"an SSML <say-as> or <sub> reads as {len(run.said)} characters; at most {max_chars} "
+                                 "are accepted (write longer text as text)")
         groups[-1] += _windows(run, max_chars) if run.said is None else [run]
     out: list[Said] = []
     pause = 0.0
     for group in groups:
         pause += group[0].pause_before_s
         for part in _pack(group, max_chars):
-            said = _said(part, language, normalization)
+            said = _said(part, language, normalization, aliases)
             if said is None:
                 continue
             out.append(Said(said[0], said[1], said[2], pause, 0.0, part[0].rate, part[0].language))
             pause = 0.0
     if not out:
         raise InvalidRequest("the SSML document has no text to speak")
+    if len(out) > MAX_SEGMENTS:
+        raise InvalidRequest(f"the SSML document is cut into {len(out)} segments (at its breaks, rate and language "
+                             f"changes); at most {MAX_SEGMENTS} are accepted")
     last = out[-1]
     out[-1] = Said(last.text, last.spoken, last.places, last.pause_before_s, pause + doc.end_pause_s, last.rate,
                    last.language)
@@ -120,13 +134,18 @@ def _pack(runs: list[ssml.Run], max_chars: int) -> list[list[ssml.Run]]:
     return parts
 
 
-def _said(runs: list[ssml.Run], language: str | None, normalization: str | None):
+def _said(runs: list[ssml.Run], language: str | None, normalization: str | None, aliases: Aliases | None):
     """(text, spoken, places) of a segment's runs, whitespace collapsed; None when it says nothing."""
     text, places, words = [], [], []
     for run in runs:
+        if run.boundary and text and text[-1] and not text[-1][-1].isspace():  # (<s>a.</s><s>b.</s>: "a. b.")
+            text.append(" ")
+            places.append(run.places[0] if run.places else places[-1] if places else 0)
+            words.append(" ")
         text.append(run.text)
         places += run.places
-        words.append(f" {run.said} " if run.said is not None else spoken([run.text], run.language or language,
+        text_read = aliases.apply(run.text) if aliases and run.said is None else run.text
+        words.append(f" {run.said} " if run.said is not None else spoken([text_read], run.language or language,
                                                                          normalization)[0])
     said = _NO_SPACE_BEFORE.sub(r"\1", " ".join("".join(words).split()))  # (" one ," of a marked run: "one,")
     if not said:

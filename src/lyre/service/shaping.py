@@ -36,7 +36,8 @@ class Shaping:
 
     def chunk(self, ev: ChunkEvent) -> tuple[np.ndarray, int, int]:
         """``ev``'s audio as the listener hears it, and the samples of silence before and after its
-        speech in it."""
+        speech in it (the speech before that silence, when there is any, is the end of a stretched
+        segment before it whose last chunk did not say so)."""
         if not self.needed:
             return ev.pcm, 0, 0
         seg = self.segments[ev.segment]
@@ -55,19 +56,19 @@ class Shaping:
         if ev.segment_end:
             self._ended.add(ev.segment)
             after = round(seg.pause_after_s * SAMPLE_RATE)
-        parts = [np.zeros(before, np.float32), head, pcm, np.zeros(after, np.float32)]
+        parts = [head, np.zeros(before, np.float32), pcm, np.zeros(after, np.float32)]
         return np.concatenate(parts).astype(np.float32, copy=False), before, after
 
-    def finish(self) -> np.ndarray:
-        """At the stream's end: what a stretch still holds, and the silence after the last segment if its
-        last chunk did not say it was the last."""
+    def finish(self) -> tuple[np.ndarray, int]:
+        """At the stream's end: what a stretch still holds, then the silence after the last segment if
+        its last chunk did not say it was the last; and the samples of that silence."""
         if not self.needed:
-            return np.zeros(0, np.float32)
+            return np.zeros(0, np.float32), 0
         tail = self._flush(None)
         last = len(self.segments) - 1
         after = 0 if last in self._ended else round(self.segments[last].pause_after_s * SAMPLE_RATE)
         self._ended.add(last)
-        return np.concatenate([tail, np.zeros(after, np.float32)])
+        return np.concatenate([tail, np.zeros(after, np.float32)]), after
 
     def _flush(self, segment: int | None) -> np.ndarray:
         if self._stretch is None or self._stretch[0] == segment:

@@ -133,11 +133,11 @@ class SpeechStream:
             pcm, before, after = self._shaping.chunk(ev)
             return await self._out(pcm, ev.segment, ev.segment_end, ev.late, before, after)
         if ev.outcome == FINISHED and self._done is None:
-            tail = self._shaping.finish()
+            tail, silence = self._shaping.finish()
             if len(tail):  # (a stretch's last audio, the silence after the last segment)
                 self._done = ev
                 last = len(self.segment_texts) - 1
-                return await self._out(tail, last, True, False, 0, len(tail))
+                return await self._out(tail, last, True, False, 0, silence)
         self._done = None
         self.metrics = ev.metrics
         if self.timeline is not None and ev.outcome == FINISHED:

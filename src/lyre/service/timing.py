@@ -203,6 +203,11 @@ class Timeline:
             self._text, self._base = self._text[used:], self._base + used
         self._expected.append(_Pending(key, text, start, end, _units(text, places, start)))
 
+    def consume(self, upto: int) -> None:
+        """The caller's text before offset ``upto`` is used up (an SSML document's markup after its last word)."""
+        used = max(0, upto - self._base)
+        self._text, self._base = self._text[used:], self._base + used
+
     def place(self, key: Hashable, samples: int, last: bool = False, before: int = 0, after: int = 0) -> None:
         """As :meth:`audio`, for a chunk whose first ``before`` and last ``after`` samples are silence
         around the piece's speech (SSML breaks): the silence belongs to no piece."""

@@ -45,9 +45,10 @@ from lyre.family import ORPHEUS, Family
 from lyre.model import checkpoint, orpheus
 from lyre.service import runtime, said, upkeep
 from lyre.service.consents import Consents
+from lyre.service.lexicons import Lexicons
 from lyre.service.options import SynthesisRequest, parse
 from lyre.service.stream import Audio, SpeechStream
-from lyre.service.utterance import Utterance
+from lyre.service.utterance import SsmlPiece, Utterance
 from lyre.service.voices import Voices
 from lyre.storage.registry import Voice
 from lyre.trust.accounts import DEFAULT_ACCOUNT, Accounts
@@ -79,6 +80,7 @@ class TTSService:
         self.family: Family = ORPHEUS  # the checkpoint's model family, once loaded
         self.voices = Voices(config)  # cloned voices (the registry opens with the service)
         self.consents = Consents(self.voices)  # consent recordings (OpenAI's voice consents)
+        self.lexicons = Lexicons(self.voices)  # pronunciation lexicons (W3C PLS), per account
         self._sweeper: asyncio.Task | None = None
         self._beat: asyncio.Task | None = None
         self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
@@ -104,6 +106,7 @@ class TTSService:
     async def __aenter__(self) -> TTSService:
         rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices, self.shared)
         self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
+        self.lexicons.audit = rt.audit
         self.config, self.family = rt.config, rt.family  # (a Qwen3-TTS checkpoint's speakers are its voices)
         self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
         self.voices.on_delete.append(self._forget_voice)
@@ -169,7 +172,7 @@ class TTSService:
         if not self.ready:
             raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
         voice = self._voice(voice, account)
-        segments, params, chars = self._prepare(text, voice, sampling)
+        segments, params, chars = self._prepare(text, voice, sampling, account)
         owns_audit = audit is None
         if owns_audit:
             audit = self._audit_entry(voice, account, protocol)
@@ -274,11 +277,18 @@ class TTSService:
         self._sampling(parse(SynthesisRequest, {"text": "", **sampling}))
         audit = self._audit_entry(voice, account, protocol)
         mark = self.marker()  # one watermark across the pieces: the pattern runs on without a jump
-        return Utterance(lambda piece: self.stream(piece, voice, account=account, audit=audit, mark=mark, tempo=tempo,
-                                                   **sampling),
+        def speak(piece: str) -> SpeechStream:  # (a piece of plain text is never read as SSML, whatever it holds)
+            ssml_mode = sampling.get("ssml") if isinstance(piece, SsmlPiece) else "off"
+            return self.stream(piece, voice, account=account, audit=audit, mark=mark, tempo=tempo,
+                               **{**sampling, "ssml": ssml_mode})
+
+        def check(document: str) -> int:  # a document appended is checked whole before anything changes
+            return self._prepare(document, voice, sampling, account)[2]
+
+        return Utterance(speak,
                          self.config.active_profile.max_text_chars, self.config.server.max_pending_text_chars, audit,
                          charge=lambda n: self.charge(account, n),
-                         control=self._control_token, ssml_mode=sampling.get("ssml"))
+                         control=self._control_token, ssml_mode=sampling.get("ssml"), check_document=check)
 
     def _control_token(self, text: str) -> Any:
         """Text an utterance holds back that the tokenizer would read as a control token (Orpheus)."""
@@ -329,14 +339,15 @@ class TTSService:
         except ValueError as e:
             raise InvalidRequest(f"SSML <lang xml:lang={code!r}>: {e}") from None
 
-    def _prepare(self, text: str, voice: str | Voice,
-                 sampling: dict[str, Any]) -> tuple[list[Segment], SamplingParams, int]:
+    def _prepare(self, text: str, voice: str | Voice, sampling: dict[str, Any],
+                 account: str = DEFAULT_ACCOUNT) -> tuple[list[Segment], SamplingParams, int]:
         cfg = self.config
         request = parse(SynthesisRequest, {"text": text, **sampling})
         params = self._sampling(request)
         if not request.text.strip():
             raise InvalidRequest("text is empty: there is nothing to speak")
-        pieces, chars = said.of_request(request, cfg)  # (each piece keeps the caller's text beside what is read)
+        aliases = self.lexicons.aliases(account, request.lexicons)  # (the request's lexicons, or the account's defaults)
+        pieces, chars = said.of_request(request, cfg, aliases)  # (each piece keeps the caller's text beside what is read)
         try:
             segments = []
             for p in pieces:

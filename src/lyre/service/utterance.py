@@ -88,9 +88,11 @@ class UtteranceMetrics:
 class Utterance:
     def __init__(self, speak: Speaker, max_chars: int, max_pending_chars: int, audit: AuditEntry | None = None,
                  charge: Callable[[int], None] | None = None,
-                 control: Callable[[str], ControlToken | None] | None = None, ssml_mode: str | None = None):
+                 control: Callable[[str], ControlToken | None] | None = None, ssml_mode: str | None = None,
+                 check_document: Callable[[str], int] | None = None):
         self._speak = speak
         self._ssml = ssml_mode  # the request's ``ssml``: an append that starts with <speak> is a whole document
+        self._check_document = check_document  # checks one as its synthesis would; the characters it is charged
         self._charge = charge  # counts appended characters against the account's quota (raises to refuse)
         self._control = control  # finds text the tokenizer reads as a control token (orpheus.control_token)
         self._tail = ""  # the last CONTROL_TAIL characters appended: a control token may span two appends
@@ -137,7 +139,7 @@ class Utterance:
             self._check_control(text)
             document = self._ssml != "off" and ssml.is_ssml(text)
             if document:  # (checked whole now: nothing changes when it is refused)
-                chars = len(self._document(text).text)
+                chars = self._document(text)
         except InvalidRequest:
             self._held = held
             raise
@@ -157,15 +159,17 @@ class Utterance:
         offset = self.timeline.received
         self.timeline.add_text(text)
         self._tail = (self._tail + text)[-CONTROL_TAIL:]
-        if document:  # the text before it is spoken first, then the document as one piece
-            self._add(self._text.flush())
-            self._add([SsmlPiece(text, offset)])
+        if document:  # the text before it is spoken first, then the document as one piece (queued together)
+            self._add([*self._text.flush(), SsmlPiece(text, offset)])
         else:
             self._add(self._text.append(text))
 
-    def _document(self, text: str) -> ssml.Document:
+    def _document(self, text: str) -> int:
+        """The characters an appended SSML document is charged; InvalidRequest as its synthesis would refuse it."""
         try:
-            return ssml.parse(text, lenient=self._ssml == "lenient")
+            if self._check_document is not None:
+                return self._check_document(text)
+            return len(ssml.parse(text, lenient=self._ssml == "lenient").text)
         except ssml.SsmlError as e:
             raise InvalidRequest(f"{e} (an SSML document is sent whole, in one message)") from None
 
@@ -268,6 +272,8 @@ class Utterance:
             for i, (text, places) in enumerate(zip(stream.segment_texts, stream.segment_places, strict=True)):
                 self.timeline.expect((len(self.pieces), i), text,
                                      None if places is None or at is None else tuple(at + p for p in places))
+            if at is not None:
+                self.timeline.consume(at + len(piece))  # (its closing markup too: what follows is looked for after it)
             self.pieces.append(piece)
 
     # --- the consumer side ----------------------------------------------------------------------

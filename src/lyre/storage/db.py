@@ -64,6 +64,22 @@ voice_consents = sa.Table(
     sa.Column("address", sa.String(128), nullable=True),  # the client address it was uploaded from
 )
 
+# pronunciation lexicons (W3C PLS), owned by accounts like voices; the document is kept as sent
+lexicons = sa.Table(
+    "lexicons",
+    metadata,
+    sa.Column("id", sa.String(32), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=False, index=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("language", sa.String(64), nullable=False),  # its xml:lang
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("pls", sa.Text, nullable=False),
+    sa.Column("sha256", sa.String(64), nullable=False),
+    sa.Column("aliases", sa.Integer, nullable=False),  # lexemes with an alias (applied)
+    sa.Column("phonemes", sa.Integer, nullable=False),  # lexemes with phonemes only (kept, unused)
+    sa.Column("is_default", sa.Boolean, nullable=False),  # applied to every request of the account that names none
+)
+
 audit = sa.Table(
     "audit", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),

@@ -20,19 +20,20 @@ def say_as(kind: str, text: str, fmt: str = "", language: str | None = None) -> 
 
     t = text.strip()
     if kind in ("characters", "spell-out"):
-        return " ".join(numbers.ONES[int(c)] if c.isdigit() else _LETTER_NAMES.get(c, c.upper())
+        return " ".join(numbers.ONES[int(c)] if c in "0123456789" else _LETTER_NAMES.get(c, c.upper())
                         for c in t if not c.isspace())
     if kind == "digits":
-        return numbers.digits("".join(c for c in t if c.isdigit())) if any(c.isdigit() for c in t) else t
+        found = "".join(c for c in t if c in "0123456789")
+        return numbers.digits(found) if found else t
     plain = t.replace(",", "")
-    if kind in ("cardinal", "number") and re.fullmatch(r"-?\d+(?:\.\d+)?", plain):
+    if kind in ("cardinal", "number") and re.fullmatch(r"-?[0-9]{1,18}(?:\.[0-9]+)?", plain):
         negative, plain = plain.startswith("-"), plain.lstrip("-")
         words = numbers.decimal(plain) if "." in plain else numbers.cardinal(int(plain))
         return ("minus " if negative else "") + words
-    if kind == "ordinal" and re.fullmatch(r"\d+(?:st|nd|rd|th)?", plain):
+    if kind == "ordinal" and re.fullmatch(r"[0-9]{1,18}(?:st|nd|rd|th)?", plain):
         return numbers.ordinal(int(re.sub(r"\D", "", plain)))
     if kind == "telephone":
-        groups = re.findall(r"\d+", t)
+        groups = re.findall(r"[0-9]+", t)
         if groups:
             return ("plus " if t.startswith("+") else "") + ", ".join(numbers.digits(g) for g in groups)
     if kind == "date":

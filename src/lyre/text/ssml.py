@@ -34,7 +34,7 @@ EMOTIONS = ("laugh", "chuckle", "sigh", "cough", "sniffle", "groan", "yawn", "ga
 TAGS = ("speak", "p", "s", "break", "say-as", "sub", "prosody", "lang", "emphasis", "phoneme", "voice", *EMOTIONS)
 SSML_NS = "{http://www.w3.org/2001/10/synthesis}"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
-_START = re.compile(r"\s*<(?:\?xml[\s?]|!DOCTYPE|speak[\s>/])", re.IGNORECASE)  # (a declaration: refused)
+_START = re.compile(r"\s*<(?:\?xml[\s?]|!DOCTYPE|speak[\s>/])")  # (a document type: refused)
 _REF = re.compile(r"&(#x[0-9a-fA-F]+|#[0-9]+|[A-Za-z]+);|\r\n?")
 _MARKUP_OR_REF = re.compile(r"<!--.*?-->|<\?.*?\?>|<(?:[^>\"']|\"[^\"]*\"|'[^']*')*>|" + _REF.pattern, re.DOTALL)
 _NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"', "apos": "'"}
@@ -188,6 +188,10 @@ class _Reader:
         outer = self.stack[-1]
         scope = _Scope(name, outer.rate, outer.language, depth_said=outer.depth_said)
         self.stack.append(scope)
+        if name not in TAGS and not self.lenient:
+            raise SsmlError(f"SSML tag <{name}> is not one Lyre reads (it reads {', '.join(f'<{t}>' for t in TAGS[:11])} "
+                            f"and the emotion tags); ask for lenient parsing (ssml: lenient) to read unknown tags as "
+                            f"their text ({self._line(here)})")
         if outer.depth_said:
             return  # (inside <say-as>/<sub>: its own reading stands)
         try:
@@ -228,12 +232,8 @@ class _Reader:
             self._add("", (), f"<{name}>")
         elif name in ("emphasis", "phoneme", "voice"):
             pass  # read as their text (docs/protocols.md#ssml)
-        elif self.lenient:
-            self.doc.unknown.append(name)
         else:
-            raise SsmlError(f"SSML tag <{name}> is not one Lyre reads (it reads {', '.join(f'<{t}>' for t in TAGS[:11])} "
-                            "and the emotion tags); ask for lenient parsing (ssml: lenient) to read unknown tags as "
-                            "their text")
+            self.doc.unknown.append(name)  # (lenient: read as its text; strict refused it in start)
 
     def end(self, tag: str) -> None:
         here = self._here()
@@ -244,13 +244,19 @@ class _Reader:
             said = scope.said
             if said.startswith("\0"):
                 _, kind, fmt = said.split("\0")
-                said = say_as(kind, text, fmt, scope.language)
+                try:
+                    said = say_as(kind, text, fmt, scope.language)
+                except ValueError as e:
+                    raise SsmlError(f"<say-as interpret-as={kind!r}> cannot read {text[:40]!r}: {e} "
+                                    f"({self._line(here)})") from None
             self.stack.pop()
             self._add(text, places, said)
         else:
             self._text_up_to(here)
             self.stack.pop()
         self.at = self._markup_end(here) if closing else self.at
+        if scope.depth_said and scope.said is None:
+            return  # (inside <say-as>/<sub>: no pause or boundary of its own)
         self.paragraph = self.paragraph or scope.tag == "p"
         if scope.tag in ("p", "s"):
             self.boundary = True

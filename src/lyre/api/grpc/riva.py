@@ -21,7 +21,7 @@ Opus takes the next rate it supports, 8/12/16/24/48 kHz); ``voice_name``: a Riva
 options (``temperature``, ``top_p``, ``top_k``, ``repetition_penalty``, ``max_tokens``,
 ``min_tokens``, ``seed``) and ``instructions`` (a voice description, for a Qwen3-TTS checkpoint that
 reads one; Orpheus ignores it, as on every protocol), ``text_normalization`` (auto, on, off) and ``ssml``
-(auto, lenient, off: Riva clients send SSML in ``text``); ``id``
+(auto, lenient, off: Riva clients send SSML in ``text``) and ``lexicons`` (ids, comma-separated); ``id``
 is echoed on every response. ``custom_dictionary`` (phonemes) and
 ``zero_shot_data`` (cloning per request) are refused with INVALID_ARGUMENT: Orpheus reads text as
 written, and a voice is cloned only with its speaker's consent on record (enroll it, then pass its
@@ -112,6 +112,8 @@ def settings(request: Any, service: TTSService) -> Settings:
     for name in ("instructions", "text_normalization", "ssml"):  # (Lyre's, which Riva has no field for)
         if name in options:
             spoken[name] = options.pop(name)
+    if "lexicons" in options:  # (comma-separated ids)
+        spoken["lexicons"] = [i.strip() for i in options.pop("lexicons").split(",") if i.strip()]
     return Settings(fmt, rate, voice, {**_sampling(options), **spoken})
 
 
@@ -122,7 +124,7 @@ def _sampling(options: dict[str, str]) -> dict[str, Any]:
         kind = _SAMPLING_TYPES.get(key)
         if kind is None:
             raise InvalidRequest(f"unknown custom_configuration key {key!r}; Lyre reads: {', '.join(_SAMPLING_TYPES)}, "
-                                 "instructions, text_normalization, ssml")
+                                 "instructions, text_normalization, ssml, lexicons")
         try:
             values[key] = kind(text)
         except ValueError:

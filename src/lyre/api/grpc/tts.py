@@ -48,7 +48,7 @@ def _sampling(options: Any, request: Any) -> dict[str, Any]:
     """The sampling overrides of ``options`` (SamplingOptions), and ``request``'s language and
     instructions where set (proto3 strings: empty is unset)."""
     fields = {f.name: getattr(options, f.name) for f in options.DESCRIPTOR.fields if options.HasField(f.name)}
-    voice = {name: getattr(request, name) for name in VOICE_OPTIONS if getattr(request, name)}
+    voice = {name: list(v) if name == "lexicons" else v for name in VOICE_OPTIONS if (v := getattr(request, name))}
     return {**parse(SamplingOptions, fields).sampling(), **voice}
 
 

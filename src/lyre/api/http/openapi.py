@@ -27,10 +27,12 @@ _ERRORS = {
          "server.api_keys, server.api_key)",
     403: "a browser request from a page whose origin is not allowed (server.cors_origins), or beyond the scope "
          "of the client token (a voice it may not speak; a token minting tokens)",
-    404: "unknown voice or consent recording (another account's are unknown too)",
+    404: "unknown voice, consent recording or lexicon (another account's are unknown too)",
     409: "the account already has a voice of that name, or holds voices.max_per_account voices (or consent "
-         "recordings), or a consent recording that voices were created with is to be deleted",
-    413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes)",
+         "recordings; or voices.max_lexicons_per_account lexicons), or a consent recording that voices were created "
+         "with is to be deleted",
+    413: "request body over server.max_body_bytes (enrollment audio: voices.max_upload_bytes; a lexicon: "
+         "voices.max_lexicon_bytes)",
     415: "a Content-Encoding other than identity (send the body unencoded), or a JSON route's body sent with "
          "another Content-Type",
     422: "a value out of range or unsupported (format, sample rate, speed, text too long; enrollment: audio that "
@@ -87,6 +89,30 @@ def _voices() -> dict[str, Any]:
             "get": _v1({"operationId": "getConsent", "summary": "A cloned voice's consent record",
                         "parameters": _VOICE_ID, "responses": _json("the record", "Consent", 400, 401, 404, 429,
                                                                       503)}),
+        },
+    }
+
+
+def _lexicons() -> dict[str, Any]:
+    lexicon_id = [{"name": "lexicon_id", "in": "path", "required": True, "schema": {"type": "string"},
+                   "description": "a lexicon's id (lex_ + 16 characters)"}]
+    body = {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/LexiconCreate"}}}}
+    return {
+        "/v1/lexicons": {
+            "get": _v1({"operationId": "listLexicons", "summary": "The caller's pronunciation lexicons, oldest first",
+                        "responses": _json("the lexicons", "LexiconList", 503)}),
+            "post": _v1({"operationId": "createLexicon", "summary": "Add a pronunciation lexicon (W3C PLS 1.0); 400 "
+                         "names the line of what is not valid PLS", "requestBody": body,
+                         "responses": _json("the new lexicon (Location names it)", "Lexicon", 400, 409, 413, 422, 503,
+                                            status=201)}),
+        },
+        "/v1/lexicons/{lexicon_id}": {
+            "get": _v1({"operationId": "getLexicon", "summary": "One lexicon, with its PLS document",
+                        "parameters": lexicon_id, "responses": _json("the lexicon", "Lexicon", 404, 503)}),
+            "delete": _v1({"operationId": "deleteLexicon", "summary": "Delete a lexicon (requests from then on cannot "
+                           "name it)", "parameters": lexicon_id,
+                           "responses": {"204": {"description": "deleted", "headers": dict(_REQUEST_ID)},
+                                         **{str(e): _error(e) for e in (404, 503)}}}),
         },
     }
 
@@ -224,6 +250,7 @@ def document() -> dict[str, Any]:
             "responses": _json("the token", "TokenGrant", 400, 401, 404, 422, status=201)})},
         **_voices(),
         **_openai_voices(),
+        **_lexicons(),
         "/v1/audio/verify": {"post": _v1({
             "operationId": "verifyWatermark", "summary": "Whether audio carries Lyre's watermark, with a score",
             "requestBody": {"required": True, "content": {

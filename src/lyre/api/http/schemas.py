@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lyre.service.options import ConsentRename, SpeechBody, TokenRequest, WsMessage
+from lyre.service.options import ConsentRename, LexiconCreate, SpeechBody, TokenRequest, WsMessage
 
 
 class _Shape(BaseModel):
@@ -128,6 +128,25 @@ class AudioVoiceUpload(_Shape):
     type: Literal["audio_sample"] | None = Field(None, description="audio_sample (OpenAI's 'prompt' is refused)")
 
 
+class Lexicon(_Shape):
+    """A pronunciation lexicon of the caller's (``pls``: only from GET /v1/lexicons/{id})."""
+
+    id: str = Field(description="lex_ + 16 characters: what a request passes in 'lexicons'")
+    name: str
+    language: str = Field(description="its xml:lang")
+    created_at: int = Field(description="UNIX seconds")
+    sha256: str = Field(description="of the PLS document as sent")
+    aliases: int = Field(description="lexemes with an alias: read in place of their graphemes")
+    unused_phonemes: int = Field(description="lexemes with phonemes only: kept, but no model family served reads "
+                                 "phonemes")
+    default: bool = Field(description="read by every request of the account that names no lexicons")
+    pls: str | None = Field(None, description="the PLS document")
+
+
+class LexiconList(_Shape):
+    lexicons: list[Lexicon]
+
+
 class VoiceConsent(_Shape):
     """OpenAI's voice consent (``audio.voice_consent``): a recording of the speaker's consent."""
 
@@ -235,4 +254,4 @@ SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enroll
                                          ModelList, Stats, Health, Ready, SpeechBody, WsMessage, TokenRequest,
                                          TokenGrant, AudioVoice, AudioVoiceList, AudioVoiceDeleted,
                                          AudioVoiceUpload, VoiceConsent, VoiceConsentList, VoiceConsentDeleted,
-                                         VoiceConsentUpload, ConsentRename)
+                                         VoiceConsentUpload, ConsentRename, Lexicon, LexiconList, LexiconCreate)
