@@ -113,7 +113,7 @@ class TransformersBaseline(TTSService):
                audit: Any = None, mark: Any = None, tempo: float = 1.0, **sampling: Any) -> _BaselineStream:
         """(Built-in voices only; nothing is audited or watermarked: the peer has no registry, audit trail
         or watermark, as the servers it stands for; it paces nothing, so ``tempo`` means nothing to it.)"""
-        segments, params = self._prepare(text, self._voice(voice, account), sampling)
+        segments, params, _ = self._prepare(text, self._voice(voice, account), sampling, account)
         self.total_sessions += 1
         return _BaselineStream(self, [s.prompt for s in segments], params.__dict__)
 

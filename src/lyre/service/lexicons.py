@@ -23,18 +23,21 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
 import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from lyre.errors import InvalidRequest, ServiceUnavailable, UploadTooLarge
+from lyre.errors import DatabaseError, InvalidRequest, ServiceUnavailable, UploadTooLarge
 from lyre.service.voices import Voices
 from lyre.storage.lexicons import LexiconRegistry, StoredLexicon, unknown_lexicon
 from lyre.storage.registry import check_name
 from lyre.text import pls
 from lyre.trust.accounts import DEFAULT_ACCOUNT
+
+log = logging.getLogger("lyre.voices")
 
 REFRESH_S = 5.0
 LABEL = "a name for the lexicon"
@@ -102,7 +105,14 @@ class Lexicons:
             if ids:
                 raise ServiceUnavailable("the service is not running (use `async with TTSService...`)")
             return None
-        held = self._held(account)
+        try:
+            held = self._held(account)
+        except DatabaseError:
+            if ids:  # (named: refused, 503, rather than read without them)
+                raise
+            log.warning("account %s: its default lexicons cannot be read (the database is unavailable); speaking "
+                        "without them", account)
+            return None
         if ids is None:
             chosen = [lex for _, _, default, lex in held if default]
         else:
@@ -115,10 +125,20 @@ class Lexicons:
         return table if table else None
 
     def _held(self, account: str) -> list[tuple[str, str, bool, pls.Lexicon]]:
+        """The account's lexicons, oldest first (cached; while the database cannot be read, the last read,
+        if there was one)."""
         with self._lock:
             cached = self._cache.get(account)
         if cached is not None and time.monotonic() - cached[0] < REFRESH_S:
             return cached[1]
+        try:
+            return self._read(account, cached)
+        except DatabaseError:
+            if cached is None:
+                raise
+            return cached[1]
+
+    def _read(self, account: str, cached: tuple[float, list] | None) -> list[tuple[str, str, bool, pls.Lexicon]]:
         registry = self._registry()
         known = {i: lex for i, sha, _, lex in (cached[1] if cached else [])}
         fresh = []

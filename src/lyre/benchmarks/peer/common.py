@@ -20,6 +20,7 @@ class PeerStream:
         self.metrics: SessionMetrics | None = None
         self.timeline = None  # (no timestamps: the peer places no text in its audio)
         self.segment_texts: list[str] = []
+        self.segment_places: list = []
         self._created = time.monotonic()
         self._cancelled = False
 

@@ -189,7 +189,7 @@ class LlamaCppBaseline(TTSService):
     def stream(self, text: str, voice: str | None = None, *, account: str = "default", protocol: str = "library",
                audit: Any = None, mark: Any = None, tempo: float = 1.0, **sampling: Any) -> _PeerStream:
         """(Built-in voices only; ``tempo`` means nothing to the peer: it paces nothing.)"""
-        segments, p = self._prepare(text, self._voice(voice, account), sampling)
+        segments, p, _ = self._prepare(text, self._voice(voice, account), sampling, account)
         self.total_sessions += 1
         seed = p.seed if p.seed is not None else int(np.random.default_rng().integers(2**31))
         params = PeerSampling(temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
