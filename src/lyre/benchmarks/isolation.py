@@ -83,7 +83,7 @@ def quick(s: IsolationSettings) -> IsolationSettings:
                               max_tokens=min(v.max_tokens, 14), request_timeout_s=8.0, deadline_s=10.0,
                               verify_probes=1, enroll_probes=1),
         attacks=s.attacks, nofile=min(s.nofile, 256), sizes=attack_sizes(min(s.nofile, 256), True),
-        ready_timeout_s=20.0, settle_timeout_s=2.0)  # (back-to-idle is reported, not waited for long)
+        ready_timeout_s=20.0, settle_timeout_s=5.0)  # (back-to-idle is reported, not waited for long)
 
 
 def run(config: Path | None, overrides: tuple[str, ...], s: IsolationSettings, progress) -> dict[str, Any]:
