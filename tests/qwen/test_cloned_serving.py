@@ -42,6 +42,12 @@ def enroll(server, name: str, transcript: str | None) -> requests.Response:
                          files={"audio": ("a.wav", audio_file(speechlike(3.5, 16000), 16000, "wav"), "audio/wav")})
 
 
+def same_audio(a: np.ndarray, b: np.ndarray) -> bool:
+    """The same frames decoded: equal length, nearly the same waveform (the codec's float arithmetic differs a
+    little with how its chunks were cut, which depends on timing; other frames are uncorrelated)."""
+    return len(a) == len(b) and float(np.corrcoef(a, b)[0, 1]) > 0.99
+
+
 def speak(server, voice: str, **extra) -> np.ndarray:
     client = OpenAI(base_url=server.http + "/v1", api_key="unused")
     wav = client.audio.speech.create(model="qwen3-tts", voice=voice, input="Hello there. How can I help?",
@@ -95,9 +101,9 @@ def test_a_voice_enrolled_without_a_transcript_speaks_from_its_x_vector(server):
     stored = server.service.voices.registry.get(voice["id"], "default")
     assert stored.ref_token_ids == () and stored.transcript == "" and stored.speaker_embedding
     first = speak(server, voice["id"])
-    assert len(first) % 1920 == 0 and np.array_equal(first, speak(server, voice["id"]))  # (seeded)
+    assert len(first) % 1920 == 0 and same_audio(first, speak(server, voice["id"]))  # (seeded)
     other = enroll(server, "cy", TRANSCRIPT).json()["id"]
-    assert not np.array_equal(first, speak(server, other))  # another voice, other audio
+    assert not same_audio(first, speak(server, other))  # another voice, other audio
 
 
 @pytest.mark.parametrize(("body", "named"), [

@@ -199,8 +199,7 @@ class Timeline:
         else:
             places = list(places)
             start, end = (places[0], places[-1] + 1) if places else (self._base, self._base)
-            used = max(0, end - self._base)  # (the caller's text up to its end is used up)
-            self._text, self._base = self._text[used:], self._base + used
+            self.consume(end)
         self._expected.append(_Pending(key, text, start, end, _units(text, places, start)))
 
     def consume(self, upto: int) -> None:
