@@ -10,7 +10,7 @@ are read as marked (whatever ``text_normalization`` says)."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from lyre.errors import InvalidRequest, TextTooLong
@@ -82,7 +82,7 @@ def from_ssml(doc: ssml.Document, max_chars: int, language: str | None, normaliz
     for run in doc.runs:
         first = groups[-1][0] if groups else None
         if first is None or run.pause_before_s or (run.rate, run.language) != (first.rate, first.language):
-            groups.append([])  # (a sentence or paragraph alone packs with the text around it, as plain text does)
+            groups.append([])  # (a new <s> starts none: sentences pack together, as plain text's do)
         if run.said is not None and len(run.said) > max_chars:
             raise InvalidRequest(f"an SSML <say-as> or <sub> reads as {len(run.said)} characters; at most {max_chars} "
                                  "are accepted (write longer text as text)")
@@ -102,9 +102,7 @@ def from_ssml(doc: ssml.Document, max_chars: int, language: str | None, normaliz
     if len(out) > MAX_SEGMENTS:
         raise InvalidRequest(f"the SSML document is cut into {len(out)} segments (at its breaks, rate and language "
                              f"changes); at most {MAX_SEGMENTS} are accepted")
-    last = out[-1]
-    out[-1] = Said(last.text, last.spoken, last.places, last.pause_before_s, pause + doc.end_pause_s, last.rate,
-                   last.language)
+    out[-1] = replace(out[-1], pause_after_s=pause + doc.end_pause_s)
     return out
 
 
