@@ -40,6 +40,7 @@ from lyre.trust.accounts import DEFAULT_ACCOUNT
 log = logging.getLogger("lyre.voices")
 
 REFRESH_S = 5.0
+MAX_TABLES = 1024  # alias tables kept (cleared when full)
 LABEL = "a name for the lexicon"
 
 
@@ -51,6 +52,7 @@ class Lexicons:
         self._lock = threading.Lock()
         # account -> (when read, [(id, sha256, default, parsed)] oldest first)
         self._cache: dict[str, tuple[float, list[tuple[str, str, bool, pls.Lexicon]]]] = {}
+        self._tables: dict[tuple[int, ...], tuple[list[pls.Lexicon], pls.Aliases]] = {}  # built alias tables
 
     def _registry(self) -> LexiconRegistry:
         registry = self.voices.registry
@@ -121,8 +123,20 @@ class Lexicons:
             if missing is not None:
                 raise unknown_lexicon(missing)
             chosen = [by_id[i] for i in dict.fromkeys(ids)]
-        table = pls.Aliases(chosen) if chosen else None
-        return table if table else None
+        return self._table(chosen)
+
+    def _table(self, chosen: list[pls.Lexicon]) -> pls.Aliases | None:
+        """The aliases of ``chosen`` in order, built once per choice of parsed lexicons (not per request)."""
+        if not chosen:
+            return None
+        key = tuple(id(lex) for lex in chosen)  # (a lexicon read again is a new object: a new key)
+        with self._lock:
+            table = self._tables.get(key)
+            if table is None:
+                if len(self._tables) >= MAX_TABLES:
+                    self._tables.clear()
+                table = self._tables[key] = (chosen, pls.Aliases(chosen))  # (holds chosen: its ids stay theirs)
+        return table[1] if table[1] else None
 
     def _held(self, account: str) -> list[tuple[str, str, bool, pls.Lexicon]]:
         """The account's lexicons, oldest first (cached; while the database cannot be read, the last read,
@@ -140,7 +154,7 @@ class Lexicons:
 
     def _read(self, account: str, cached: tuple[float, list] | None) -> list[tuple[str, str, bool, pls.Lexicon]]:
         registry = self._registry()
-        known = {i: lex for i, sha, _, lex in (cached[1] if cached else [])}
+        known = {i: lex for i, _, _, lex in (cached[1] if cached else [])}
         fresh = []
         for row in registry.list(account):
             lexicon = known.get(row.id)

@@ -36,7 +36,9 @@ SSML_NS = "{http://www.w3.org/2001/10/synthesis}"
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 _START = re.compile(r"\s*<(?:\?xml[\s?]|!DOCTYPE|speak[\s>/])")  # (a document type: refused)
 _REF = re.compile(r"&(#x[0-9a-fA-F]+|#[0-9]+|[A-Za-z]+);|\r\n?")
-_MARKUP_OR_REF = re.compile(r"<!--.*?-->|<\?.*?\?>|<(?:[^>\"']|\"[^\"]*\"|'[^']*')*>|" + _REF.pattern, re.DOTALL)
+_MARKUP = r"<!--.*?-->|<\?.*?\?>|<(?:[^>\"']|\"[^\"]*\"|'[^']*')*>"  # a comment, instruction or tag (quotes and all)
+_MARKUP_AT = re.compile(_MARKUP, re.DOTALL)
+_MARKUP_OR_REF = re.compile(_MARKUP + "|" + _REF.pattern, re.DOTALL)
 _NAMED = {"lt": "<", "gt": ">", "amp": "&", "quot": '"', "apos": "'"}
 _TIME = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s)\s*")
 _PERCENT = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)%\s*")
@@ -112,22 +114,8 @@ class _Reader:
 
     def _markup_end(self, start: int) -> int:
         """Where the tag (or comment, or processing instruction) starting at ``start`` ends."""
-        src = self.source
-        if src.startswith("<!--", start):
-            return src.index("-->", start) + 3
-        if src.startswith("<?", start):
-            return src.index("?>", start) + 2
-        quote, i = None, start + 1
-        while i < len(src):
-            c = src[i]
-            if quote:
-                quote = None if c == quote else quote
-            elif c in "\"'":
-                quote = c
-            elif c == ">":
-                return i + 1
-            i += 1
-        return len(src)
+        m = _MARKUP_AT.match(self.source, start)
+        return m.end() if m else len(self.source)
 
     def _text_up_to(self, end: int) -> None:
         """The caller's text from the last markup to ``end`` (a tag's start) becomes a run."""
