@@ -184,8 +184,10 @@ class AudioPipeline:
             elif s.current >= len(s.segments):
                 out.finished.append(s)
         due.sort(key=lambda j: (j[0].slack(now), j[0].order))
-        self._rounds += 1  # each account's most urgent first, accounts in turn (the first one rotating)
-        due = by_account(due, lambda j: j[0].account, self._rounds)
+        self._rounds += 1  # each account's most urgent first, accounts in turn (the first one rotating);
+        # every live job before any batch job (lyre.core.lanes)
+        due = [j for lane in (False, True) for j in by_account([j for j in due if j[0].batch == lane],
+                                                                 lambda j: j[0].account, self._rounds)]
         # per lane: a codec that runs ``parallel`` calls at once decodes that many jobs in a round's time
         budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
         lanes = [0] * self.codec.parallel  # frames planned on each
@@ -257,7 +259,7 @@ class AudioPipeline:
         late = s.clock_at is not None and s.playing_at(now) > s.audio_seconds
         if s.first_audio_at is None:
             s.start_clock(now)
-            if self.metrics is not None:
+            if self.metrics is not None and not s.batch:
                 self.metrics.ttfb.observe(now - s.created)
         ev = ChunkEvent(pcm=pcm, offset=s.audio_samples, index=s.chunks, late=late, segment=s.current,
                         segment_end=segment_end)

@@ -33,6 +33,7 @@ from typing import Any
 from lyre.config import SchedulerConfig
 from lyre.core.admission import AdmissionGate
 from lyre.core.fair import FairQueue
+from lyre.core.lanes import EVICTED, BatchLane, split
 from lyre.core.pipeline import AudioPipeline
 from lyre.core.policy import POLICIES, Policy
 from lyre.core.session import ACTIVE, CANCELLED, ENDED, FAILED, FINISHED, PENDING, DoneEvent, Session
@@ -77,7 +78,8 @@ class Scheduler:
         # the admission queue, fair across accounts by their weights
         self.pending = FairQueue((lambda account: limits(account).weight) if limits else (lambda account: 1.0))
         self._slots_allowed = (lambda account: limits(account).max_sessions) if limits else (lambda account: 1 << 30)
-        self.active: dict[str, Session] = {}
+        self.active: dict[str, Session] = {}  # live sessions holding a KV slot
+        self.batch = BatchLane()  # batch items' sessions (lyre.core.lanes): waiting, or holding a slot
         self.active_by_account: Counter[str] = Counter()
         self._by_request: dict[str, tuple[Session, int]] = {}
         self._order = itertools.count()
@@ -100,17 +102,20 @@ class Scheduler:
         if self.closed:
             self._end(session, *self.closed, self.clock())
             return
-        self.pending.append(session)
+        if session.batch:
+            self.batch.waiting.append(session)
+        else:
+            self.pending.append(session)
 
     def cancel(self, session_id: str, reason: str = "cancelled") -> None:
-        for s in self.pending:
+        for s in [*self.pending, *self.batch.sessions()]:
             if s.session_id == session_id:
                 s.cancel_reason = reason
         if session_id in self.active:
             self.active[session_id].cancel_reason = reason
 
     def has_work(self) -> bool:
-        return bool(self.pending or self.active)
+        return bool(self.pending or self.active or self.batch)
 
     # --- the step -------------------------------------------------------------------------------
 
@@ -120,13 +125,15 @@ class Scheduler:
         before = (self.total_ended, len(self.pending))
         self._expire(now)
         self._admit()
-        generating = {s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)}
-        order = [generating[s] for s in self.policy.decode_order(list(generating), self.step_count, now)]
+        live, batch = split({s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)})
+        order = [live[s] for s in self.policy.decode_order(list(live), self.step_count, now)]
+        if batch and not any(self.policy.is_new(s) for s in live):  # (a first audio's step stays short)
+            order += [batch[s] for s in self.batch.seats(batch, len(order), self.cfg.max_batch_size, self.step_count)]
         t0 = time.perf_counter()
         deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
         self._route(deltas, now)
         now = self.clock()
-        audio = self.audio.finish(list(self.active.values()), now)
+        audio = self.audio.finish([*self.active.values(), *self.batch.active.values()], now)
         for s, why in audio.failed:
             self._end(s, FAILED, why, now)
         for s in audio.finished:
@@ -154,6 +161,8 @@ class Scheduler:
                 max_concurrent=self.cfg.max_concurrent_sessions,
                 policy=self.cfg.policy,
                 throttled_sessions=sum(s.throttled for s in self.active.values()),
+                batch_sessions=len(self.batch.active),
+                batch_waiting=len(self.batch.waiting),
             ),
             kv_cache=KVCacheStats(used_slots=e.active, free_slots=e.capacity - e.active),
             engine=e,
@@ -174,7 +183,7 @@ class Scheduler:
         session submitted later ends at once with the same outcome reason."""
         self.closed = (outcome, reason)
         now = self.clock()
-        for s in list(self.pending) + list(self.active.values()):
+        for s in [*self.pending, *self.active.values(), *self.batch.sessions()]:
             self._end(s, outcome, reason, now)
         self.pending.clear()
         try:
@@ -196,6 +205,10 @@ class Scheduler:
             if reason:
                 self.pending.remove(s)
                 self._end(s, CANCELLED, reason, now)
+        for s in self.batch.sessions():  # (no listener: no timeout, never a slow consumer)
+            s.throttled = s.unread_seconds > self.cfg.max_buffer_s  # its writer is behind: it waits for it
+            if s.cancel_reason:
+                self._end(s, CANCELLED, s.cancel_reason, now)
         late = self.loop_beat is not None and now - self.loop_beat > LOOP_LATE_S
         for s in list(self.active.values()):
             s.tick(now, server_late=late)
@@ -228,7 +241,7 @@ class Scheduler:
         across accounts, each below its quota of slots; in order within one), then the next segment's
         prefill ahead of time where a slot is spare (its decoding waits). What the engine has no slot
         for stays where it is and is tried at a later step."""
-        for s in list(self.active.values()):
+        for s in [*self.active.values(), *self.batch.active.values()]:
             k = _next_unsubmitted(s)
             if k is not None and s.segments[k - 1].done_generating:
                 self._submit_segment(s, k)
@@ -243,6 +256,8 @@ class Scheduler:
                 s.status = ACTIVE
                 self.active[s.session_id] = s
                 self.active_by_account[s.account] += 1
+        self._evict_for_live()
+        self._admit_batch()
         stats = self.engine.stats()
         spare = self.engine.capacity - stats.active - stats.waiting
         for s in list(self.active.values()):
@@ -251,6 +266,35 @@ class Scheduler:
             # look-ahead one segment, only into spare slots beyond those reserved for new sessions
             if one_ahead and spare > self.cfg.reserved_slots and self._submit_segment(s, k):
                 spare -= 1
+
+    def _evict_for_live(self) -> None:
+        """Live sessions wait with room in their accounts' quotas but no slot is free: evict as many
+        batch sessions (their slots are free at the next engine step)."""
+        if not self.pending or not self.batch.active:
+            return
+        held = Counter(self.active_by_account)
+        needed = 0
+        for s in self.pending:
+            if held[s.account] < self._slots_allowed(s.account):
+                held[s.account] += 1
+                needed += 1
+        now = self.clock()
+        for victim in self.batch.victims(needed):
+            self.batch.evictions += 1
+            self._end(victim, CANCELLED, EVICTED, now)
+
+    def _admit_batch(self) -> None:
+        """Batch sessions into slots that no live session waits for, keeping reserved_slots free."""
+        while self.batch.waiting and not self.pending:
+            e = self.engine.stats()
+            if e.capacity - e.active - e.waiting <= self.cfg.reserved_slots:
+                return
+            s = self.batch.next_waiting()
+            if not self._submit_segment(s, 0) and s.status == PENDING:
+                return
+            if s.status == PENDING:
+                s.status = ACTIVE
+                self.batch.admitted(s)
 
     def _submit_segment(self, s: Session, k: int) -> bool:
         """Add segment ``k`` to the engine; False (nothing changed) when the engine has no free slot.
@@ -280,7 +324,7 @@ class Scheduler:
         """Each active session's generating segment's request id. A segment prefilled ahead of time
         waits until the segment before it has finished generating."""
         out: dict[Session, str] = {}
-        for s in self.active.values():
+        for s in [*self.active.values(), *self.batch.active.values()]:
             k = next((i for i, seg in enumerate(s.segments) if not seg.done_generating), None)
             if k is not None and s.segments[k].submitted:
                 out[s] = s.request_id(k)
@@ -329,7 +373,9 @@ class Scheduler:
             return
         s.status = status
         self.total_ended += 1
-        if self.active.pop(s.session_id, None) is not None:
+        if s.batch:
+            self.batch.leave(s)
+        elif self.active.pop(s.session_id, None) is not None:
             self.active_by_account[s.account] -= 1
             if not self.active_by_account[s.account]:
                 del self.active_by_account[s.account]
@@ -340,7 +386,8 @@ class Scheduler:
                 self.engine.cancel(rid)
         self.audio.close(s)
         duration = now - s.created
-        self.gate.leave(s.account, duration if status == FINISHED else None)
+        if not s.batch:  # (batch sessions never passed the gate)
+            self.gate.leave(s.account, duration if status == FINISHED else None)
         metrics = SessionMetrics(
             ttfb_ms=None if s.first_audio_at is None else 1000 * (s.first_audio_at - s.created),
             tokens=s.tokens,
@@ -353,7 +400,7 @@ class Scheduler:
             segments=len(s.segments),
             stop_reason=functools.reduce(worst_stop, (seg.stop for seg in s.segments), None),
         )
-        if self.metrics is not None:
+        if self.metrics is not None and not s.batch:  # (the batch lane counts its items itself)
             # a bounded label: the known reasons, else the outcome (an error's text is not a label)
             self.metrics.sessions.labels(outcome=reason if reason in OUTCOME_LABELS else status).inc()
         s.deliver(DoneEvent(status, reason, metrics))

@@ -83,6 +83,9 @@ class Session:
     sink: Callable[[ChunkEvent | DoneEvent], None]
     created: float
     account: str = "default"  # whose: its quota and fair share of KV slots
+    # a batch job's item (lyre.core.lanes): no listener (no clock, never a slow consumer, no session
+    # timeout), slots only where live work leaves them, evicted within a step when live work needs one
+    batch: bool = False
     order: int = 0
     status: str = PENDING
     cancel_reason: str | None = None
@@ -139,7 +142,7 @@ class Session:
     def start_clock(self, now: float) -> None:
         """The first chunk is out: the listener starts playing (a piece generated ahead: once read)."""
         self.first_audio_at = now
-        if not self.listen_on_read:
+        if not (self.listen_on_read or self.batch):
             self.clock_at = self.last_read_at = now
 
     def tick(self, now: float, server_late: bool = False) -> None:
@@ -147,7 +150,7 @@ class Session:
         ``server_late``: the process could not hand audio to the client in time (its event loop is
         late): the clock pauses, and so does the time since the client's last read."""
         if self.clock_at is None:
-            if self.first_audio_at is not None and self.consumed_samples > 0:  # its turn came: it is heard now
+            if self.first_audio_at is not None and self.consumed_samples > 0 and not self.batch:  # its turn came: it is heard now
                 self.clock_at = self.last_read_at = now
                 self._seen_consumed = self.consumed_samples
             return

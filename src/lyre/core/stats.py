@@ -54,6 +54,8 @@ class SchedulerStats:
     max_concurrent: int
     policy: str
     throttled_sessions: int  # not generating: their clients hold scheduler.max_buffer_s of unread audio
+    batch_sessions: int = 0  # batch items holding a KV slot (lower class: not in the figures above)
+    batch_waiting: int = 0  # batch items handed to the engine thread, waiting for a slot live work leaves free
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""The batch lane: batch jobs' items, a lower class of session that fills what live work leaves free.
+
+A batch session (``Session.batch``) is one segment of a batch item. It never passes the admission
+gate (a batch backlog neither fills the server nor makes it "full" for ``/ready``), and it has no
+listener: no playback clock, no slow-consumer or session timeout; its audio is produced at full
+speed. The scheduler gives the lane, in order of precedence:
+
+- **KV slots** only where no live session waits and more than ``scheduler.reserved_slots`` are
+  free, so that most live arrivals find a slot at once;
+- **eviction** when a live session waits and no slot is free: the batch sessions with the fewest
+  tokens generated (the least work lost) are cancelled with reason ``evicted``; their slots are free at the
+  next engine step, where the live session takes one. The item's runner (:mod:`lyre.service.batch`)
+  generates the evicted segment again later — a segment is at most one text segment (~280
+  characters), so an eviction loses at most that much work;
+- **decode seats** left over by live sessions, and none in a step where a live session waits for
+  its first audio (that step is kept short, as for live sessions far ahead of their listeners);
+- **codec rounds** after every live job (:class:`~lyre.core.pipeline.AudioPipeline`).
+
+Why evict rather than pause in place: a paused session still holds its slot, which is what the live
+request needs. Why regenerate the segment rather than recompute its KV from the codes generated so far:
+that needs the engines (PyTorch and TensorRT-LLM) to take generated ids as a resumed prompt with the
+frame-slot position, the repetition window and the seeded sampler's state carried over — a change
+of the engine contract left for later (docs/batch.md).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from lyre.core.fair import by_account
+from lyre.core.session import Session
+
+EVICTED = "evicted"
+
+
+class BatchLane:
+    """The batch sessions the engine thread holds: waiting for a slot, or in one."""
+
+    def __init__(self) -> None:
+        self.waiting: deque[Session] = deque()
+        self.active: dict[str, Session] = {}
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self.waiting) + len(self.active)
+
+    def sessions(self) -> list[Session]:
+        return [*self.waiting, *self.active.values()]
+
+    def next_waiting(self) -> Session | None:
+        return self.waiting[0] if self.waiting else None
+
+    def admitted(self, s: Session) -> None:
+        self.waiting.remove(s)
+        self.active[s.session_id] = s
+
+    def leave(self, s: Session) -> bool:
+        """Forget ``s`` (it ended); False when it was not the lane's."""
+        if self.active.pop(s.session_id, None) is not None:
+            return True
+        try:
+            self.waiting.remove(s)
+        except ValueError:
+            return False
+        return True
+
+    def victims(self, needed: int) -> list[Session]:
+        """Up to ``needed`` active batch sessions to evict: those with the fewest tokens (least work lost)."""
+        return sorted(self.active.values(), key=lambda s: (s.tokens, -s.order))[:needed]
+
+    def seats(self, generating: Iterable[Session], live_seats: int, max_batch: int, turn: int) -> list[Session]:
+        """The batch sessions that may decode this step after ``live_seats`` live ones, accounts in turn."""
+        room = max_batch - live_seats
+        if room <= 0:
+            return []
+        ordered = sorted(generating, key=lambda s: s.order)
+        return by_account(ordered, lambda s: s.account, turn)[:room]
+
+
+def split(sessions: dict[Session, str], is_batch: Callable[[Session], bool] = lambda s: s.batch
+          ) -> tuple[dict[Session, str], dict[Session, str]]:
+    """``sessions`` (session -> request id) into live and batch."""
+    live = {s: r for s, r in sessions.items() if not is_batch(s)}
+    return live, {s: r for s, r in sessions.items() if is_batch(s)}

@@ -1,0 +1,100 @@
+"""The batch lane in the scheduler (lyre.core.lanes), with a scripted clock and token source: batch
+sessions take only slots live work leaves free, give one back within a step when a live session
+waits, sit out while a live session waits for its first audio, never pass the admission gate and
+have no listener to be late for."""
+
+from __future__ import annotations
+
+from lyre.core.lanes import EVICTED
+from lyre.core.session import CANCELLED, FINISHED, ChunkEvent, Segment, Session
+from lyre.engine.base import SamplingParams
+from tests.core.test_scheduler import done, make, open_session, run
+
+
+def open_batch(sch, clock, name, reads=True):
+    """A batch session, handed to the scheduler as the batch runner does (no admission gate)."""
+    events: list = []
+
+    def sink(ev):
+        events.append(ev)
+        if reads and isinstance(ev, ChunkEvent):
+            s.consumed_samples += len(ev.pcm)
+
+    s = Session(name, [Segment([1, 2, 3])], SamplingParams(), sink, clock(), batch=True)
+    sch.submit(s)
+    return s, events
+
+
+def test_batch_sessions_fill_free_slots_but_leave_the_reserved_ones():
+    sch, engine, clock, gate = make(capacity=6, batch=6, tokens=400, reserved_slots=2)
+    batch = [open_batch(sch, clock, f"b{i}")[0] for i in range(6)]
+    run(sch, clock, 3)
+    assert engine.stats().active == 4  # 6 slots, 2 kept for live arrivals
+    assert sum(s.status == "active" for s in batch) == 4
+    sch.publish()
+    assert gate.inside == 0 and not gate.full  # the backlog is not in the admission gate (/ready unaffected)
+    assert sch.snapshot.scheduler.batch_sessions == 4 and sch.snapshot.scheduler.batch_waiting == 2
+    assert sch.snapshot.scheduler.active_sessions == 0  # the live figures (and utilisation) leave the lane out
+    assert sch.utilisation == 0
+
+
+def test_a_live_session_gets_a_slot_from_the_batch_lane_within_a_step():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=400, reserved_slots=0)
+    batch = {name: open_batch(sch, clock, name) for name in ("b0", "b1", "b2", "b3")}
+    run(sch, clock, 5)
+    assert engine.stats().active == 4
+    batch["b3"][0].tokens = 0  # the one that would lose the least work
+    live, live_events = open_session(sch, gate, clock, "live")
+    sch.step()  # the live session waits: a batch session is evicted, its slot free at the next engine step
+    assert done(batch["b3"][1]).outcome == CANCELLED and done(batch["b3"][1]).reason == EVICTED
+    assert sum(done(ev) is None for _, ev in batch.values()) == 3  # only as many as needed
+    assert sch.batch.evictions == 1
+    sch.step()
+    assert live.status == "active" and any(q.request.request_id == "live#0" for q in engine._active)
+    run(sch, clock, 450)
+    assert done(live_events).outcome == FINISHED
+    assert all(done(ev).outcome == FINISHED for name, (_, ev) in batch.items() if name != "b3")
+
+
+def test_batch_waits_while_live_sessions_queue_and_resumes_after():
+    sch, engine, clock, gate = make(capacity=2, batch=2, tokens=60, reserved_slots=0)
+    live = [open_session(sch, gate, clock, f"l{i}") for i in range(3)]
+    b, b_events = open_batch(sch, clock, "b")
+    run(sch, clock, 2)
+    assert b.status == "pending"  # live sessions are waiting: no slot goes to the batch lane
+    run(sch, clock, 400)
+    assert all(done(ev).outcome == FINISHED for _, ev in live)
+    assert done(b_events).outcome == FINISHED
+
+
+def test_batch_sits_out_while_a_live_session_waits_for_its_first_audio():
+    sch, engine, clock, gate = make(capacity=4, batch=4, tokens=400, reserved_slots=1)
+    open_batch(sch, clock, "b0")
+    open_batch(sch, clock, "b1")
+    run(sch, clock, 5)
+    assert any("b0#0" in chosen for chosen in engine.chosen_log)
+    open_session(sch, gate, clock, "new")
+    engine.chosen_log.clear()
+    run(sch, clock, 10)  # fewer than ttfb_priority_tokens (20) tokens: it is new for all of these
+    assert engine.chosen_log and all(chosen == ["new#0"] for chosen in engine.chosen_log if chosen)
+
+
+def test_a_batch_session_is_never_timed_out_or_cut_off_as_a_slow_consumer():
+    # a writer that reads nothing for longer than every timeout: the session waits for it (backpressure)
+    sch, engine, clock, gate = make(capacity=2, batch=2, tokens=2000, reserved_slots=0,
+                                    session_timeout_s=1.0, consumer_timeout_s=1.0, max_buffer_s=0.5)
+    b, events = open_batch(sch, clock, "b", reads=False)
+    run(sch, clock, 600, dt=0.05)  # 30 s of scripted time
+    assert done(events) is None and b.status == "active"
+    assert b.throttled  # its unread audio holds it back instead
+    assert b.clock_at is None and b.played_s == 0  # no listener's clock
+
+
+def test_cancelling_a_waiting_batch_session_ends_it():
+    sch, engine, clock, gate = make(capacity=1, batch=1, tokens=400, reserved_slots=0)
+    open_session(sch, gate, clock, "live")
+    b, events = open_batch(sch, clock, "b")
+    sch.step()
+    sch.cancel("b", "cancelled")
+    sch.step()
+    assert done(events).outcome == CANCELLED and not sch.batch
