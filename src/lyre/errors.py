@@ -47,6 +47,22 @@ class UnknownLexicon(UnknownConsent):
     code = "unknown_lexicon"
 
 
+class UnknownBatch(UnknownConsent):
+    """A batch id (or an item's custom_id in it) that is not one of the account's (404, worded as for one never made)."""
+
+    code = "unknown_batch"
+
+
+class InvalidBatch(InvalidRequest):
+    """A batch input refused at validation (400): ``problems`` lists ``(line, message)`` for every bad line."""
+
+    code = "invalid_batch"
+
+    def __init__(self, message: str, problems: list[tuple[int, str]] | None = None):
+        super().__init__(message)
+        self.problems = problems or []
+
+
 class TextTooLong(InvalidRequest):
     code = "text_too_long"
 
@@ -143,16 +159,35 @@ class TooManyLexicons(TooManyVoices):
     code = "too_many_lexicons"
 
 
+class IdempotencyConflict(VoiceExists):
+    """An Idempotency-Key used before with a different input (409)."""
+
+    code = "idempotency_conflict"
+
+
 class ConsentInUse(LyreError):
     """A consent recording that voices were created with: they go first (409)."""
 
     code = "consent_in_use"
 
 
+class NotReady(ConsentInUse):
+    """What is asked for does not exist yet (an item's audio before it is complete) (409)."""
+
+    code = "not_ready"
+
+
 class DatabaseError(LyreError):
     """The voices/audit database cannot be opened, migrated, reached or written (503)."""
 
     code = "database_unavailable"
+
+
+class StorageError(ServiceUnavailable):
+    """The batch results store (lyre.storage.results: S3 or a compatible one) cannot be reached or
+    refuses a request (503: a ServiceUnavailable, so ``lyre.api.common.classify`` maps it to 503/UNAVAILABLE)."""
+
+    code = "storage_unavailable"
 
 
 class CheckpointError(RuntimeError):

@@ -92,9 +92,12 @@ def error_code(error: BaseException) -> str:
     return getattr(error, "code", "internal_error")
 
 
-def error_body(error: BaseException) -> dict[str, str]:
+def error_body(error: BaseException) -> dict[str, Any]:
     """``{"message", "type", "code"}``: the error object of REST bodies and WebSocket frames."""
-    return {"message": str(error), "type": classify(error).type, "code": error_code(error)}
+    body = {"message": str(error), "type": classify(error).type, "code": error_code(error)}
+    if getattr(error, "problems", None):  # a batch input refused at validation: each bad line
+        body["lines"] = [{"line": line, "message": why} for line, why in error.problems]
+    return body
 
 
 def retry_after(error: BaseException) -> str | None:

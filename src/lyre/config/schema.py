@@ -233,6 +233,11 @@ class Quota(Section):
     max_verifies: int | None = Field(None, ge=1, le=1000)  # /v1/audio/verify uploads in flight
     chars_per_minute: int | None = Field(None, ge=0, le=10**9)  # text characters taken per minute; 0 = no limit
     weight: float | None = Field(None, gt=0.0, le=1000.0)  # its share of free KV slots when accounts wait
+    # batch jobs (lyre.service.batch): items queued or running over all its batches, one batch's JSONL
+    # input, and its items running at once on one server (of batch.max_running)
+    batch_items: int | None = Field(None, ge=1, le=100_000_000)
+    batch_input_bytes: int | None = Field(None, ge=1024, le=2**32)
+    batch_slots: int | None = Field(None, ge=1, le=100_000)
 
 
 class AccountsConfig(Section):
@@ -273,6 +278,24 @@ class AuditConfig(Section):
     # spool cannot be written either
     required: bool = True
     max_queued_rows: int = Field(100_000, ge=1)
+
+
+class BatchConfig(Section):
+    """Batch jobs (``/v1/batches``, :mod:`lyre.service.batch`): items synthesised in the scheduler's batch
+    lane, from KV slots live callers leave free, their audio kept in ``results_url``."""
+
+    enabled: bool = True  # false: this server takes no batch items (the API still answers; others may run them)
+    # items this server runs at once (sessions handed to the batch lane); 0 = max_concurrent_sessions
+    max_running: int = Field(0, ge=0, le=100_000)
+    lease_s: float = Field(30.0, ge=1.0, le=86400.0)  # a claimed item is retried elsewhere once its lease runs out
+    poll_s: float = Field(1.0, gt=0.0, le=600.0)  # how often an idle server looks for items (and expiries)
+    completion_window: str = "24h"  # default: unfinished items expire after it (a request's may differ)
+    max_completion_window_s: float = Field(7 * 86400.0, gt=0.0)
+    max_items_per_batch: int = Field(50_000, ge=1, le=10_000_000)
+    # where audio goes: none = <data_dir>/batches; s3://bucket/prefix (endpoint: LYRE_S3_ENDPOINT_URL,
+    # credentials: the AWS environment) or a folder
+    results_url: str | None = None
+    retention_days: float = Field(7.0, gt=0.0)  # batches and their audio are deleted this long after they end
 
 
 PUBLISHED_WATERMARK_KEY = "lyre-watermark-v1"
@@ -341,6 +364,7 @@ class LyreConfig(Section):
     voices: VoicesConfig = Field(default_factory=VoicesConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
     watermark: WatermarkConfig = Field(default_factory=WatermarkConfig)
+    batch: BatchConfig = Field(default_factory=BatchConfig)
     data_dir: str = "data"  # the default database lives here (created when missing)
 
     @property

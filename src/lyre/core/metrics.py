@@ -82,6 +82,25 @@ class Metrics:
                                       ["result"], registry=r)
         self._engine_seen = (0, 0, 0, 0, 0)
         self.total_batches = 0
+        # the two lanes (lyre.core.lanes): sessions holding a KV slot; batch jobs' items
+        self.lane_sessions = Gauge("lyre_lane_sessions", "Sessions holding a KV slot, by lane (live, batch)", ["lane"],
+                                   registry=r)
+        self.batch_items = Gauge("lyre_batch_items", "Batch items queued and running, over every server sharing the "
+                                 "database", ["state"], registry=r)
+        self.batch_oldest = Gauge("lyre_batch_oldest_queued_seconds", "Age of the oldest queued batch item",
+                                  registry=r)
+        self.batch_finished = Counter("lyre_batch_items_finished", "Batch items ended on this server (expired: by "
+                                      "any), by outcome", ["outcome"], registry=r)
+        self.batch_audio = Counter("lyre_batch_audio_seconds", "Audio of completed batch items, in seconds",
+                                   registry=r)
+        self.batch_evictions = Counter("lyre_batch_evictions", "Batch segments whose KV slot went to a live caller "
+                                       "(generated again)", registry=r)
+        for lane in ("live", "batch"):
+            self.lane_sessions.labels(lane=lane).set(0)
+        for state in ("queued", "running"):
+            self.batch_items.labels(state=state).set(0)
+        for outcome in ("completed", "failed", "cancelled", "expired"):
+            self.batch_finished.labels(outcome=outcome)
 
     def observe_step(self, seconds: float, batch: int) -> None:
         self.step_seconds.observe(seconds)
@@ -127,6 +146,21 @@ class Metrics:
         if "prefix_cache_bytes" in extra:
             self.prefix_bytes.set(extra["prefix_cache_bytes"])
             self.prefix_entries.set(extra["prefix_cache_entries"])
+
+    def set_lanes(self, live: int, batch: int) -> None:
+        self.lane_sessions.labels(lane="live").set(live)
+        self.lane_sessions.labels(lane="batch").set(batch)
+
+    def set_batch(self, load: Mapping[str, float]) -> None:
+        """Batch items queued and running, and the oldest queued one's age (:meth:`BatchStore.load`)."""
+        self.batch_items.labels(state="queued").set(load["queued"])
+        self.batch_items.labels(state="running").set(load["running"])
+        self.batch_oldest.set(load["oldest_s"])
+
+    def batch_done(self, outcome: str, n: int = 1, audio_s: float = 0.0, evictions: int = 0) -> None:
+        self.batch_finished.labels(outcome=outcome).inc(n)
+        self.batch_audio.inc(audio_s)
+        self.batch_evictions.inc(evictions)
 
     def set_engine(self, extra: dict[str, float]) -> None:
         """Backend statistics (the TensorRT-LLM executor's latest iteration); absent keys leave gauges

@@ -153,6 +153,7 @@ class Scheduler:
             self.metrics.set_prompts(e.prompt_tokens, e.prefilled_tokens, e.extra)
             self.metrics.set_codec(self.audio.codec.counters)
             self.metrics.set_accounts(self.active_by_account, waiting)
+            self.metrics.set_lanes(len(self.active), len(self.batch.active))
         self.snapshot = StatsSnapshot(
             scheduler=SchedulerStats(
                 total_sessions=self.total_sessions,

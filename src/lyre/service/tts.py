@@ -43,7 +43,7 @@ from lyre.errors import (
 )
 from lyre.family import ORPHEUS, Family
 from lyre.model import checkpoint, orpheus
-from lyre.service import runtime, said, upkeep
+from lyre.service import batch, runtime, said, upkeep
 from lyre.service.consents import Consents
 from lyre.service.lexicons import Lexicons
 from lyre.service.options import SynthesisRequest, parse
@@ -83,6 +83,7 @@ class TTSService:
         self.lexicons = Lexicons(self.voices)  # pronunciation lexicons (W3C PLS), per account
         self._sweeper: asyncio.Task | None = None
         self._beat: asyncio.Task | None = None
+        self.batches: batch.BatchJobs | None = None  # batch jobs, once started with a database
         self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
         self.audit: AuditTrail | None = None
         w = config.watermark
@@ -107,6 +108,8 @@ class TTSService:
         rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices, self.shared)
         self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
         self.lexicons.audit = rt.audit
+        if self.database is not None:  # batch jobs (lyre.service.batch): their API and the runner claiming items
+            self.batches = batch.start(self)
         self.config, self.family = rt.config, rt.family  # (a Qwen3-TTS checkpoint's speakers are its voices)
         self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
         self.voices.on_delete.append(self._forget_voice)
@@ -123,6 +126,8 @@ class TTSService:
         for task in (self._sweeper, self._beat):
             if task is not None:
                 task.cancel()
+        if self.batches is not None:  # (items running here are given back, queued again at once)
+            await self.batches.runner.stop()
         if self._loop is not None and self._loop.thread.is_alive():
             await asyncio.to_thread(self._loop.stop)
         if self.audit is not None:

@@ -98,6 +98,50 @@ audit = sa.Table(
     sa.Column("entry_id", sa.String(32), nullable=True, unique=True, index=True),  # null: rows before 0003
     sa.Column("instance", sa.String(128), nullable=True),  # the server (host name) that opened the row
     sa.Column("ended", sa.DateTime(timezone=True), nullable=True),  # null while open
+    sa.Column("trace", sa.String(320), nullable=True),  # a batch item's "<batch id>/<custom_id>" (null: live)
+)
+
+# batch jobs (lyre.storage.batches): one row per batch, one per item; items are claimed with leases
+batches = sa.Table(
+    "batches", metadata,
+    sa.Column("id", sa.String(40), primary_key=True),
+    sa.Column("owner", sa.String(128), nullable=False, index=True),
+    sa.Column("status", sa.String(16), nullable=False),  # in_progress, cancelling, completed, cancelled, expired
+    sa.Column("idempotency_key", sa.String(255), nullable=True),
+    sa.Column("input_sha256", sa.String(64), nullable=False),
+    sa.Column("input_bytes", sa.Integer, nullable=False),
+    sa.Column("total", sa.Integer, nullable=False),
+    sa.Column("completion_window", sa.String(16), nullable=False),
+    sa.Column("meta", sa.JSON, nullable=False),
+    sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("cancelling_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),  # completed, cancelled or expired
+    sa.UniqueConstraint("owner", "idempotency_key", name="uq_batches_owner_idempotency_key"),
+)
+
+batch_items = sa.Table(
+    "batch_items", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("batch_id", sa.String(40), nullable=False, index=True),
+    sa.Column("owner", sa.String(128), nullable=False),
+    sa.Column("line", sa.Integer, nullable=False),  # of the input (1-based)
+    sa.Column("custom_id", sa.String(256), nullable=False),
+    sa.Column("request", sa.JSON, nullable=False),  # text, voice, response_format and options, as validated
+    # queued, running (leased), completed, failed, cancelled, expired
+    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("attempts", sa.Integer, nullable=False),
+    sa.Column("lease_owner", sa.String(160), nullable=True),
+    sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("queued_at", sa.DateTime(timezone=True), nullable=False),
+    sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("result_key", sa.String(512), nullable=True),  # where its audio is in the results store
+    sa.Column("sha256", sa.String(64), nullable=True),  # of the audio file
+    sa.Column("bytes", sa.Integer, nullable=True),
+    sa.Column("duration_s", sa.Float, nullable=True),
+    sa.Column("error_code", sa.String(64), nullable=True),
+    sa.Column("error_message", sa.Text, nullable=True),
+    sa.UniqueConstraint("batch_id", "custom_id", name="uq_batch_items_custom_id"),
 )
 
 

@@ -49,7 +49,7 @@ RETRY_S = 1.0
 BATCH = 500
 OPEN_ROW_MAX_S = 6 * 3600.0  # a row open longer than this lost its server: closed as interrupted by anyone
 COLUMNS = ("time", "ended", "account", "voice", "protocol", "outcome", "reason", "audio_seconds", "text_sha256",
-           "pcm_sha256")
+           "pcm_sha256", "trace")
 
 
 def instance_name(data_dir: str | Path) -> str:

@@ -54,6 +54,7 @@ class AuditEntry:
     entry_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     begun: bool = False
     _recorded: asyncio.Future | None = None  # done once the writer has taken the start row
+    trace: str | None = None  # a batch item's "<batch id>/<custom_id>" (the audit row's trace column)
 
     def add_text(self, text: str) -> None:
         self._text.update(text.encode("utf-8", "surrogatepass"))
@@ -104,7 +105,7 @@ class AuditEntry:
         return {"time": self.started, "account": self.account, "voice": self.voice, "protocol": self.protocol,
                 "outcome": outcome, "reason": reason, "audio_seconds": 0.0, "text_sha256": self._text.hexdigest(),
                 "pcm_sha256": self._pcm.hexdigest(), "entry_id": self.entry_id,
-                "instance": self.trail.instance if self.trail is not None else None}
+                "instance": self.trail.instance if self.trail is not None else None, "trace": self.trace}
 
 
 def _resolve(future: asyncio.Future) -> None:

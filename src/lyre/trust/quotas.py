@@ -44,6 +44,9 @@ class Limits:
     max_verifies: int
     chars_per_minute: int  # 0 = no limit
     weight: float
+    batch_items: int = UNBOUNDED  # batch items queued or running, over all its batches
+    batch_input_bytes: int = 50 * 2**20  # one batch's JSONL input
+    batch_slots: int = UNBOUNDED  # its batch items running at once on this server
 
 
 def limits_for(cfg: LyreConfig, accounts: Sequence[str]) -> dict[str, Limits]:
@@ -58,8 +61,10 @@ def limits_for(cfg: LyreConfig, accounts: Sequence[str]) -> dict[str, Limits]:
     uploads = max(1, cfg.voices.max_in_flight // 4)
     places = dict(max_ws_contexts=part(s.max_concurrent_sessions + s.max_pending), max_enrollments=uploads,
                   max_verifies=uploads) if shared else dict.fromkeys(_WHAT_KEYS, UNBOUNDED)
+    running = cfg.batch.max_running or s.max_concurrent_sessions
     derived = dict(max_sessions=part(s.max_concurrent_sessions), max_queued=part(s.max_pending, 0), **places,
-                   chars_per_minute=0, weight=1.0)
+                   chars_per_minute=0, weight=1.0, batch_items=100_000, batch_input_bytes=50 * 2**20,
+                   batch_slots=part(running))
     out = {}
     for account in accounts:
         given = cfg.accounts.quotas.get(account)

@@ -29,7 +29,7 @@ from aiohttp import web
 
 from lyre.api.access import CURRENT, AccessLog, Entry, new_request_id, request_id
 from lyre.api.common import InFlight
-from lyre.api.http import lexicons, openai_voices, playground, verify, voices
+from lyre.api.http import batches, lexicons, openai_voices, playground, verify, voices
 from lyre.api.http.cors import Cors, cors_headers
 from lyre.api.http.openapi import document
 from lyre.api.http.shared import (
@@ -172,6 +172,7 @@ def create_app(service: TTSService, inflight: InFlight) -> web.Application:
     app.router.add_post("/v1/auth/tokens", mint_token)
     voices.routes(app)
     lexicons.routes(app)
+    batches.routes(app)
     openai_voices.routes(app)  # OpenAI's audio.voices and audio.voice_consents
     verify.routes(app)
     app.router.add_get("/v1/models", models)

@@ -1,0 +1,211 @@
+"""The batch runner: one asyncio task per server that claims items, renders them and publishes their audio.
+
+Exactly once, across crashes and replicas:
+
+1. an item is claimed with a lease in the database (:class:`~lyre.storage.batches.BatchStore`);
+   a heartbeat renews the leases of the items this server runs every ``lease_s / 3``;
+2. its audio is written to a temporary file, then published under a key of its own attempt
+   (``<batch>/<line>-<attempt>.<format>``): a reader sees a whole file or none;
+3. the item is completed in one conditional UPDATE that holds only while this server's lease is the
+   current one. Losing the lease (a stall longer than ``lease_s``) means the result is deleted, not shown;
+   a crash between 2 and 3 leaves a file no row points to, removed when the item is next completed.
+
+A server that starts again queues at once what its earlier run left running; another server takes a
+dead one's items when their leases run out. Items of accounts are claimed in turn, each account
+to at most its ``batch_slots`` here. A transient failure (the database, the results store, this
+server stopping) gives the item back; a failure of the item itself (its voice deleted meanwhile, the
+engine refusing it) fails it alone, with its reason in the error file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from lyre.api.common import classify, error_code
+from lyre.config import LyreConfig
+from lyre.errors import DatabaseError, LyreError, ServiceUnavailable
+from lyre.service.batch.render import render
+from lyre.storage.batches import BatchStore, Claim, now_utc
+from lyre.storage.results import ResultStore
+
+log = logging.getLogger("lyre.batch")
+
+UPKEEP_EVERY_S = 60.0  # expiry of finished windows and retention, besides every idle poll
+BACKOFF_S = 5.0  # after a transient failure (the database, the store), before claiming again
+
+
+class BatchRunner:
+    def __init__(self, tts: Any, store: BatchStore, results: ResultStore, config: LyreConfig, instance: str,
+                 metrics: Any = None):
+        self.tts, self.store, self.results, self.metrics = tts, store, results, metrics
+        self.cfg = config.batch
+        self.instance = instance  # this server among those sharing the database (stable across restarts)
+        self.server = f"{instance}/{secrets.token_hex(4)}"  # this run of it: whose leases are whose
+        self.max_running = self.cfg.max_running or config.scheduler.max_concurrent_sessions
+        self.running: dict[int, tuple[Claim, asyncio.Task]] = {}
+        self.by_account: Counter[str] = Counter()
+        self.wake = asyncio.Event()  # a batch was submitted here, or an item ended: look for work now
+        self._turn = 0
+        self._last_upkeep = float("-inf")
+        self._tasks: list[asyncio.Task] = []
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._claiming()), loop.create_task(self._heartbeat())]
+
+    async def stop(self) -> None:
+        """Stop claiming; items running here are given back (queued again at once for any server)."""
+        for task in self._tasks:
+            task.cancel()
+        for _, task in list(self.running.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks, *(t for _, t in self.running.values()), return_exceptions=True)
+
+    # --- claiming ----------------------------------------------------------------------------------
+
+    async def _claiming(self) -> None:
+        with contextlib.suppress(DatabaseError):
+            back = await asyncio.to_thread(self.store.reclaim, self.instance + "/")
+            if back:
+                log.info("batch: %d items an earlier run of this server left unfinished are queued again", back)
+        while True:
+            pause = self.cfg.poll_s
+            try:
+                await self._upkeep()
+                if self.cfg.enabled:
+                    await self._fill()
+            except (DatabaseError, OSError, ServiceUnavailable) as e:
+                log.warning("batch: cannot look for items now (%s); trying again in %.0f s", e, BACKOFF_S)
+                pause = BACKOFF_S
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), pause)
+
+    async def _fill(self) -> None:
+        """Claim items while this server has room, accounts in turn (each within its batch_slots)."""
+        if len(self.running) >= self.max_running or not self.tts.ready:
+            return
+        accounts = await asyncio.to_thread(self.store.waiting_accounts)
+        while accounts and len(self.running) < self.max_running:
+            self._turn += 1
+            account = accounts[self._turn % len(accounts)]
+            if self.by_account[account] >= self.tts.quotas.of(account).batch_slots:
+                accounts.remove(account)
+                continue
+            claim = await asyncio.to_thread(self.store.claim, self.server, self.cfg.lease_s, account)
+            if claim is None:
+                accounts.remove(account)
+                continue
+            self.by_account[account] += 1
+            self.running[claim.id] = (claim, asyncio.get_running_loop().create_task(self._run(claim)))
+
+    async def _upkeep(self) -> None:
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_upkeep < min(UPKEEP_EVERY_S, self.cfg.poll_s):
+            return
+        self._last_upkeep = loop.time()
+        expired = await asyncio.to_thread(self.store.expire)
+        if expired:
+            log.info("batch: %d items expired (their batches' completion windows ended)", expired)
+            self._count("expired", expired)
+        for batch_id in await asyncio.to_thread(self.store.ended_before,
+                                                now_utc() - timedelta(days=self.cfg.retention_days)):
+            await asyncio.to_thread(self.results.delete_prefix, batch_id + "/")
+            await asyncio.to_thread(self.store.delete, batch_id)
+            log.info("batch %s: deleted after batch.retention_days", batch_id)
+        if self.metrics is not None:
+            self.metrics.set_batch(await asyncio.to_thread(self.store.load))
+
+    # --- one item ----------------------------------------------------------------------------------
+
+    async def _run(self, claim: Claim) -> None:
+        ext = claim.request["response_format"]
+        key = f"{claim.batch_id}/{claim.line:06d}-{claim.attempt}.{ext}"
+        temp = Path(self.results.temp_dir()) / f"{claim.id}-{claim.attempt}-{secrets.token_hex(4)}.part"
+        try:
+            try:
+                done = await render(self.tts, claim, temp)
+                await asyncio.to_thread(self.results.publish, temp, key)
+            except (DatabaseError, ServiceUnavailable, OSError) as e:  # not the item's fault: it goes back
+                log.warning("batch item %s/%s given back: %s", claim.batch_id, claim.custom_id, e)
+                await asyncio.to_thread(self.store.release, claim, self.server)
+                return
+            except LyreError as e:
+                log.info("batch item %s/%s failed: %s", claim.batch_id, claim.custom_id, e)
+                await asyncio.to_thread(self.store.finish, claim, self.server, state="failed", error_code=error_code(e),
+                                        error_message=f"{classify(e).http_status}: {e}")
+                self._count("failed")
+                return
+            ok = await asyncio.to_thread(self.store.finish, claim, self.server, state="completed", result_key=key,
+                                         sha256=done.sha256, size=done.size, duration_s=done.duration_s)
+            if not ok:  # our lease was lost meanwhile: another attempt's result is (or will be) the one shown
+                log.warning("batch item %s/%s: lease lost before it completed; its audio is discarded",
+                            claim.batch_id, claim.custom_id)
+                await asyncio.to_thread(self.results.delete_prefix, key)
+                return
+            self._count("completed", audio_s=done.duration_s, evictions=done.evictions)
+            stale = [k for k in await asyncio.to_thread(self.results.keys, key.rsplit("-", 1)[0] + "-") if k != key]
+            for k in stale:  # an earlier attempt's file, published before its server died
+                await asyncio.to_thread(self.results.delete_prefix, k)
+        except asyncio.CancelledError:
+            await self._after_cancel(claim)
+        except Exception:  # noqa: BLE001 - one item's failure never stops the runner
+            log.exception("batch item %s/%s failed", claim.batch_id, claim.custom_id)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(self.store.finish, claim, self.server, state="failed",
+                                        error_code="internal_error", error_message="500: the server failed on this item")
+        finally:
+            temp.unlink(missing_ok=True)
+            self.running.pop(claim.id, None)
+            self.by_account[claim.owner] -= 1
+            self.wake.set()
+
+    async def _after_cancel(self, claim: Claim) -> None:
+        """Its batch is being cancelled: the item is cancelled; else this server is stopping: given back."""
+        with contextlib.suppress(Exception):
+            status = await asyncio.to_thread(self.store.status, claim.batch_id)
+            if status == "cancelling":
+                await asyncio.to_thread(self.store.finish, claim, self.server, state="cancelled", error_code="cancelled",
+                                        error_message="the batch was cancelled while this item ran")
+                self._count("cancelled")
+            else:
+                await asyncio.to_thread(self.store.release, claim, self.server)
+
+    # --- leases ------------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        """Renew the leases of the items running here; stop those lost or whose batch is being cancelled."""
+        while True:
+            await asyncio.sleep(self.cfg.lease_s / 3)
+            claims = [claim for claim, _ in self.running.values()]
+            if not claims:
+                continue
+            try:
+                lost = await asyncio.to_thread(self.store.renew, self.server, claims, self.cfg.lease_s)
+                cancelling = {b for b in {c.batch_id for c in claims}
+                              if await asyncio.to_thread(self.store.status, b) == "cancelling"}
+            except DatabaseError as e:
+                log.warning("batch: cannot renew leases now (%s)", e)
+                continue
+            for claim in claims:
+                if claim.id in lost or claim.batch_id in cancelling:
+                    entry = self.running.get(claim.id)
+                    if entry is not None:
+                        entry[1].cancel()
+
+    def cancel_batch(self, batch_id: str) -> None:
+        """A batch cancelled through this server: its items running here stop now (not at the next heartbeat)."""
+        for claim, task in list(self.running.values()):
+            if claim.batch_id == batch_id:
+                task.cancel()
+
+    def _count(self, outcome: str, n: int = 1, audio_s: float = 0.0, evictions: int = 0) -> None:
+        if self.metrics is not None:
+            self.metrics.batch_done(outcome, n, audio_s, evictions)
