@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import secrets
 from collections import Counter
@@ -55,6 +56,7 @@ class BatchRunner:
         self._turn = 0
         self._last_upkeep = float("-inf")
         self._tasks: list[asyncio.Task] = []
+        self.scratch = Path(results.temp_dir())  # (this server's own folder in it, from the start)
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -71,6 +73,12 @@ class BatchRunner:
     # --- claiming ----------------------------------------------------------------------------------
 
     async def _claiming(self) -> None:
+        # this server's own scratch folder (replicas may share a results folder): an earlier run's files,
+        # never published, are removed
+        self.scratch = Path(self.results.temp_dir()) / hashlib.sha256(self.instance.encode()).hexdigest()[:12]
+        self.scratch.mkdir(parents=True, exist_ok=True)
+        for left in self.scratch.glob("*.part"):
+            left.unlink(missing_ok=True)
         with contextlib.suppress(DatabaseError):
             back = await asyncio.to_thread(self.store.reclaim, self.instance + "/")
             if back:
@@ -128,7 +136,7 @@ class BatchRunner:
     async def _run(self, claim: Claim) -> None:
         ext = claim.request["response_format"]
         key = f"{claim.batch_id}/{claim.line:06d}-{claim.attempt}.{ext}"
-        temp = Path(self.results.temp_dir()) / f"{claim.id}-{claim.attempt}-{secrets.token_hex(4)}.part"
+        temp = self.scratch / f"{claim.id}-{claim.attempt}-{secrets.token_hex(4)}.part"
         try:
             try:
                 done = await render(self.tts, claim, temp)
