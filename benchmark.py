@@ -11,6 +11,7 @@
   python benchmark.py --mode watermark [--requests 20]
   python benchmark.py --mode text [--requests 20]
   python benchmark.py --mode isolation [--requests 12] [--concurrent 2] [--attacks half_open,account_flood] [--quick]
+  python benchmark.py --mode batch-fill [--live-levels 0.3,0.7] [--backlog 1000] [--seconds 40]
 
 scaling/all/tuning load a server over --protocol ws|rest|grpc: --url (and --grpc-url) for one that
 runs already, else a server the benchmark starts from --config/--set and stops by its process id.
@@ -38,6 +39,9 @@ victim's --requests syntheses (at --concurrent, default 2), verifications, enrol
 quiet and then under each attack (half-open connection flood, one account's sessions and contexts,
 stalled verify uploads, enrollment flood, oversized audio), each run by a process started and
 stopped by its pid; per phase the server's peak RSS and descriptors and whether they came back.
+batch-fill: on a server it starts, the capacity (a batch backlog alone, audio-seconds per second), then
+live callers at each --live-levels share of it, --seconds without and --seconds with a backlog of
+--backlog batch items: live TTFB p95 ratio, live underruns, batch throughput over the unused capacity.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import sys
 from pathlib import Path
 
 from lyre.audio.formats import FORMATS
+from lyre.benchmarks import batchfill as batchfill_bench
 from lyre.benchmarks import codec as codec_bench
 from lyre.benchmarks import engine as engine_bench
 from lyre.benchmarks import isolation as isolation_bench
@@ -85,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["scaling", "all", "tuning", "engine", "service", "codec", "soak", "watermark",
-                                      "isolation", "text"], required=True)
+                                      "isolation", "text", "batch-fill"], required=True)
     add_config_arguments(p)
     load = p.add_argument_group("load (scaling, all, tuning)")
     load.add_argument("--protocol", choices=["ws", "rest", "grpc"], default="ws")
@@ -156,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     iso.add_argument("--nofile", type=int, default=1024, help="the server's RLIMIT_NOFILE, soft and hard (default 1024)")
     iso.add_argument("--quick", action="store_true", help="a small run (the test suite's): 3 syntheses per phase, "
                                                           "small attacks, RLIMIT_NOFILE at most 256")
+    fill = p.add_argument_group("batch-fill")
+    fill.add_argument("--live-levels", default="0.3,0.7", help="live load as shares of the capacity (default 0.3,0.7)")
+    fill.add_argument("--backlog", type=int, default=1000, help="batch items submitted in each backlog (default 1000)")
+    fill.add_argument("--seconds", type=float, default=40.0, help="length of each phase (default 40)")
     family = p.add_argument_group("model family")
     family.add_argument("--family", choices=["orpheus", "qwen3-tts"], default="orpheus",
                         help="orpheus (default: the configured checkpoint) or qwen3-tts: every mode runs the "
@@ -242,6 +251,17 @@ def main(argv=None) -> int:
                 settings = isolation_bench.quick(settings)
             result = isolation_bench.run(args.config, tuple(args.overrides), settings, progress=say)
             text = isolation_bench.table(result)
+        elif args.mode == "batch-fill":
+            try:
+                levels = tuple(float(x) for x in args.live_levels.split(",") if x.strip())
+            except ValueError:
+                levels = ()
+            if not levels or not all(0 < x < 1 for x in levels) or args.backlog < 1 or args.seconds <= 0 or args.url:
+                p.error("--live-levels takes shares in (0, 1), --backlog >= 1, --seconds > 0; the mode starts its own "
+                        "server (no --url)")
+            settings = batchfill_bench.BatchFillSettings(levels=levels, backlog=args.backlog, seconds=args.seconds)
+            result = batchfill_bench.run(args.config, tuple(args.overrides), settings, progress=say)
+            text = batchfill_bench.table(result)
         elif args.mode == "watermark":
             result = watermark_bench.run(cfg, args.requests or 20, progress=say)
             text = watermark_bench.table(result)

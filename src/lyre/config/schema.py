@@ -142,6 +142,8 @@ class SchedulerConfig(Section):
     max_buffer_s: float = Field(2.0, gt=0.0, le=600.0)
     first_audio_slack_s: float = Field(0.5, ge=0.0, le=600.0)
     session_timeout_s: float = Field(120.0, gt=0.0, le=86400.0)
+    # batch items (lyre.core.lanes) decode only in steps where every live session holds this much unplayed audio
+    batch_live_slack_s: float = Field(1.0, ge=0.0, le=600.0)
     consumer_timeout_s: float = Field(10.0, gt=0.0, le=3600.0)
 
 

@@ -12,8 +12,11 @@ speed. The scheduler gives the lane, in order of precedence:
   next engine step, where the live session takes one. The item's runner (:mod:`lyre.service.batch`)
   generates the evicted segment again later — a segment is at most one text segment (~280
   characters), so an eviction loses at most that much work;
-- **decode seats** left over by live sessions, and none in a step where a live session waits for
-  its first audio (that step is kept short, as for live sessions far ahead of their listeners);
+- **decode seats** left over by live sessions, and only in steps where every live session holds
+  ``scheduler.batch_live_slack_s`` of audio its listener has not played yet — none while a live
+  session waits for its first audio or is about to run dry. On a CPU a step's cost grows with its
+  rows: batch rows would slow the live sessions that need their next tokens now. Live sessions
+  fill their buffers in the short steps, then batch rows run while they play;
 - **codec rounds** after every live job (:class:`~lyre.core.pipeline.AudioPipeline`).
 
 Why evict rather than pause in place: a paused session still holds its slot, which is what the live
@@ -68,6 +71,12 @@ class BatchLane:
     def victims(self, needed: int) -> list[Session]:
         """Up to ``needed`` active batch sessions to evict: those with the fewest tokens (least work lost)."""
         return sorted(self.active.values(), key=lambda s: (s.tokens, -s.order))[:needed]
+
+    @staticmethod
+    def may_decode(live: Iterable[Session], is_new: Callable[[Session], bool], now: float, slack_s: float) -> bool:
+        """Whether batch sessions decode this step: no live session waits for its first audio or holds
+        less than ``slack_s`` of audio its listener has yet to play."""
+        return all(not is_new(s) and s.slack(now) >= slack_s for s in live)
 
     def seats(self, generating: Iterable[Session], live_seats: int, max_batch: int, turn: int) -> list[Session]:
         """The batch sessions that may decode this step after ``live_seats`` live ones, accounts in turn."""

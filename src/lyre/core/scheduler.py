@@ -127,7 +127,7 @@ class Scheduler:
         self._admit()
         live, batch = split({s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)})
         order = [live[s] for s in self.policy.decode_order(list(live), self.step_count, now)]
-        if batch and not any(self.policy.is_new(s) for s in live):  # (a first audio's step stays short)
+        if batch and self.batch.may_decode(live, self.policy.is_new, now, self.cfg.batch_live_slack_s):
             order += [batch[s] for s in self.batch.seats(batch, len(order), self.cfg.max_batch_size, self.step_count)]
         t0 = time.perf_counter()
         deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
