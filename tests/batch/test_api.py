@@ -192,3 +192,21 @@ def test_cancelling_a_running_batch_stops_its_items(srv):
             and stats["scheduler"]["batch_waiting"] == 0
 
     until(idle, 60, "every KV slot to be free")
+
+
+def test_hostile_items_are_refused_quickly_and_odd_but_valid_ones_accepted(idle):
+    bomb = json.dumps({"custom_id": "bomb", "template": "{a}" * 30_000, "variables": {"a": "x" * 1000}})
+    braces = json.dumps({"custom_id": "a{b}", "input": "Hi."})
+    r = submit(idle.http, (bomb + "\n" + braces).encode(), auth("acme"))
+    assert r.status_code == 400
+    bad = {entry["line"]: entry["message"] for entry in r.json()["error"]["lines"]}
+    assert "passes" in bad[1] and "braces" in bad[2]
+    # a line separator inside a JSON string, a byte-order mark, CRLF line ends, SSML with an ampersand in a value
+    odd = ("\ufeff" + json.dumps({"custom_id": "sep", "input": "One\u2028two."}, ensure_ascii=False) + "\r\n"
+           + json.dumps({"custom_id": "ssml", "template": "<speak>Hello {name}</speak>",
+                         "variables": {"name": "Tom & Jerry <3"}}) + "\r\n").encode()
+    r = submit(idle.http, odd, auth("acme"))
+    assert r.status_code == 200, r.text
+    assert r.json()["request_counts"]["total"] == 2
+    r = requests.get(f"{idle.http}/v1/batches", headers=auth("acme"), params={"limit": "²"}, timeout=30)
+    assert r.status_code == 400

@@ -51,7 +51,7 @@ def test_a_live_session_gets_a_slot_from_the_batch_lane_within_a_step():
     assert sch.batch.evictions == 1
     sch.step()
     assert live.status == "active" and any(q.request.request_id == "live#0" for q in engine._active)
-    run(sch, clock, 450)
+    run(sch, clock, 900)  # (the batch sessions decode once the live one holds batch_live_slack_s of audio)
     assert done(live_events).outcome == FINISHED
     assert all(done(ev).outcome == FINISHED for name, (_, ev) in batch.items() if name != "b3")
 
@@ -98,3 +98,18 @@ def test_cancelling_a_waiting_batch_session_ends_it():
     sch.cancel("b", "cancelled")
     sch.step()
     assert done(events).outcome == CANCELLED and not sch.batch
+
+
+def test_batch_decodes_only_while_every_live_session_holds_batch_live_slack_s():
+    from lyre.core.lanes import BatchLane
+    from lyre.core.policy import FairPolicy
+    from tests.core.test_scheduler import playing
+
+    cfg = make(batch_live_slack_s=1.0)[0].cfg
+    is_new = FairPolicy(cfg).is_new
+    comfortable, dry = playing("comfortable", 1.5), playing("dry", 0.4)
+    assert BatchLane.may_decode([comfortable], is_new, 0.0, cfg.batch_live_slack_s)
+    assert not BatchLane.may_decode([comfortable, dry], is_new, 0.0, cfg.batch_live_slack_s)  # one about to run dry
+    new = playing("new", 5.0, tokens=3)
+    assert not BatchLane.may_decode([comfortable, new], is_new, 0.0, cfg.batch_live_slack_s)  # one waits for audio
+    assert BatchLane.may_decode([], is_new, 0.0, cfg.batch_live_slack_s)  # no live work: the lane has the engine

@@ -290,6 +290,7 @@ class BatchConfig(Section):
     # items this server runs at once (sessions handed to the batch lane); 0 = max_concurrent_sessions
     max_running: int = Field(0, ge=0, le=100_000)
     lease_s: float = Field(30.0, ge=1.0, le=86400.0)  # a claimed item is retried elsewhere once its lease runs out
+    max_attempts: int = Field(5, ge=1, le=1000)  # an item whose servers stopped or failed this often fails
     poll_s: float = Field(1.0, gt=0.0, le=600.0)  # how often an idle server looks for items (and expiries)
     completion_window: str = "24h"  # default: unfinished items expire after it (a request's may differ)
     max_completion_window_s: float = Field(7 * 86400.0, gt=0.0)

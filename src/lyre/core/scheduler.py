@@ -258,7 +258,6 @@ class Scheduler:
                 self.active[s.session_id] = s
                 self.active_by_account[s.account] += 1
         self._evict_for_live()
-        self._admit_batch()
         stats = self.engine.stats()
         spare = self.engine.capacity - stats.active - stats.waiting
         for s in list(self.active.values()):
@@ -267,6 +266,8 @@ class Scheduler:
             # look-ahead one segment, only into spare slots beyond those reserved for new sessions
             if one_ahead and spare > self.cfg.reserved_slots and self._submit_segment(s, k):
                 spare -= 1
+        if not any(self.policy.is_new(s) for s in self.active.values()):  # (no batch prefill beside a first audio)
+            self._admit_batch()
 
     def _evict_for_live(self) -> None:
         """Live sessions wait with room in their accounts' quotas but no slot is free: evict as many
@@ -303,7 +304,7 @@ class Scheduler:
         seg = s.segments[k]
         rid = s.request_id(k)
         # continuations first (no gap mid-stream), then sessions still waiting for their first audio
-        priority = 2 if k > 0 else 1 if s.first_audio_at is None else 0
+        priority = -1 if s.batch else 2 if k > 0 else 1 if s.first_audio_at is None else 0  # (batch: prefilled last)
         try:
             if not self.engine.add(self.family.request(rid, seg.prompt, s.sampling, priority, seg.prefix_key,
                                                        seg.prefix_len)):

@@ -74,6 +74,17 @@ class BatchStore:
                "idempotency_key": idempotency_key, "input_sha256": input_sha256, "input_bytes": input_bytes,
                "total": len(items), "completion_window": completion_window, "meta": meta, "created_at": now,
                "expires_at": now + timedelta(seconds=window_s), "cancelling_at": None, "ended_at": None}
+        try:
+            stored = self._create(row, items, now, max_items)
+        except sa.exc.IntegrityError:  # the same Idempotency-Key stored by a request racing this one
+            if idempotency_key is None:
+                raise
+            stored = self._create(row, items, now, max_items)
+        return stored, stored["id"] == row["id"]
+
+    def _create(self, row: dict[str, Any], items: list[dict[str, Any]], now: datetime, max_items: int) -> dict[str, Any]:
+        """(:meth:`create`'s transaction: the batch a reused key names, else the new one.)"""
+        owner, idempotency_key = row["owner"], row["idempotency_key"]
         with database_errors(), self.engine.begin() as c:
             if c.dialect.name == "postgresql":  # one creation of an account at a time (its quota, its keys)
                 c.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext(:owner))"), {"owner": "batches:" + owner})
@@ -81,10 +92,10 @@ class BatchStore:
                 before = c.execute(sa.select(batches).where(batches.c.owner == owner,
                                                             batches.c.idempotency_key == idempotency_key)).mappings().first()
                 if before is not None:
-                    if before["input_sha256"] != input_sha256:
+                    if before["input_sha256"] != row["input_sha256"]:
                         raise IdempotencyConflict(f"Idempotency-Key {idempotency_key!r} was used for another input "
                                                   f"(batch {before['id']}); use a new key for a new batch")
-                    return dict(before), False
+                    return dict(before)
             held = c.execute(sa.select(sa.func.count()).select_from(batch_items).where(
                 batch_items.c.owner == owner, batch_items.c.state.in_(ACTIVE))).scalar()
             if held + len(items) > max_items:
@@ -94,7 +105,14 @@ class BatchStore:
             c.execute(batch_items.insert(), [
                 {"batch_id": row["id"], "owner": owner, "line": it["line"], "custom_id": it["custom_id"],
                  "request": it["request"], "state": "queued", "attempts": 0, "queued_at": now} for it in items])
-        return row, True
+        return row
+
+    def existing(self, owner: str, idempotency_key: str) -> dict[str, Any] | None:
+        """The account's batch stored under ``idempotency_key``, if any (checked before validating a resubmission)."""
+        with database_errors(), self.engine.connect() as c:
+            row = c.execute(sa.select(batches).where(batches.c.owner == owner,
+                                                     batches.c.idempotency_key == idempotency_key)).mappings().first()
+        return dict(row) if row is not None else None
 
     def get(self, batch_id: Any, owner: str) -> dict[str, Any]:
         """The batch's row with its items' ``counts`` by state (UnknownBatch for anyone else's)."""
@@ -127,6 +145,7 @@ class BatchStore:
         self.get(batch_id, owner)
         now = now_utc()
         with database_errors(), self.engine.begin() as c:
+            _lock(c, batch_id)
             changed = c.execute(batches.update().where(batches.c.id == batch_id, batches.c.status == "in_progress")
                                 .values(status="cancelling", cancelling_at=now)).rowcount
             if changed:
@@ -149,18 +168,31 @@ class BatchStore:
             return [r[0] for r in c.execute(sa.select(batch_items.c.owner).where(_free(now_utc()))
                                             .distinct().order_by(batch_items.c.owner))]
 
-    def claim(self, server: str, lease_s: float, owner: str) -> Claim | None:
+    def claim(self, server: str, lease_s: float, owner: str, max_attempts: int,
+              exclude: tuple[int, ...] = ()) -> Claim | None:
         """Lease ``owner``'s next item to run: its oldest queued one (or one whose lease ran out) of a
-        batch in progress; None when there is none."""
+        batch in progress, not one of ``exclude`` (those this server runs); None when there is none. An
+        item tried ``max_attempts`` times already fails instead (an item that kills its server is not
+        retried for ever)."""
         now = now_utc()
         query = (sa.select(batch_items).where(_free(now), batch_items.c.owner == owner, batch_items.c.batch_id.in_(
             sa.select(batches.c.id).where(batches.c.status == "in_progress"))))
+        if exclude:
+            query = query.where(batch_items.c.id.not_in(exclude))
         query = query.order_by(batch_items.c.id).limit(1).with_for_update(skip_locked=True)
         with database_errors(), self.engine.begin() as c:
             row = c.execute(query).mappings().first()
             if row is None:
                 return None
             attempt = row["attempts"] + 1
+            if attempt > max_attempts:
+                _lock(c, row["batch_id"])
+                c.execute(batch_items.update().where(batch_items.c.id == row["id"]).values(
+                    state="failed", finished_at=now, lease_owner=None, lease_until=None, error_code="gave_up",
+                    error_message=f"500: tried {row['attempts']} times (batch.max_attempts); its servers stopped "
+                                  "or failed each time"))
+                _settle(c, row["batch_id"], now)
+                return None
             taken = c.execute(batch_items.update().where(batch_items.c.id == row["id"],
                                                          batch_items.c.attempts == row["attempts"])
                               .values(state="running", attempts=attempt, lease_owner=server,
@@ -186,6 +218,7 @@ class BatchStore:
         not (its result must not be shown). Settles the batch when it was the last item."""
         now = now_utc()
         with database_errors(), self.engine.begin() as c:
+            _lock(c, claim.batch_id)  # (two last items ending at once: the second sees the first's end)
             done = c.execute(_mine(claim, server).values(
                 state=state, finished_at=now, lease_until=None, result_key=result_key, sha256=sha256, bytes=size,
                 duration_s=duration_s, error_code=error_code, error_message=error_message)).rowcount
@@ -202,10 +235,10 @@ class BatchStore:
             ).values(state="queued", lease_owner=None, lease_until=None)).rowcount
 
     def release(self, claim: Claim, server: str) -> None:
-        """Give a claimed item back unfinished (this server is stopping): queued again at once."""
+        """Give a claimed item back unfinished (this server is stopping, a store is down): queued again
+        at once, its attempt counted (an attempt number, and so a result's key, is never used twice)."""
         with database_errors(), self.engine.begin() as c:
-            c.execute(_mine(claim, server).values(state="queued", lease_owner=None, lease_until=None,
-                                                  attempts=claim.attempt - 1))
+            c.execute(_mine(claim, server).values(state="queued", lease_owner=None, lease_until=None))
 
     def items(self, batch_id: str, owner: str, states: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         """The batch's items in these states, in input order (read in pages: a large batch is never all in memory)."""
@@ -233,17 +266,28 @@ class BatchStore:
     # --- upkeep ----------------------------------------------------------------------------------
 
     def expire(self) -> int:
-        """Items of batches past their completion window that are queued, or running on a lease that ran
-        out, expire; such batches with nothing running any more are settled. The items expired."""
+        """Upkeep. Items of batches past their completion window that are queued, or running on a lease
+        that ran out, expire; items of batches being cancelled that no server runs any more are
+        cancelled; such batches with nothing left running are settled. The items expired."""
         now = now_utc()
-        with database_errors(), self.engine.begin() as c:
-            late = [r[0] for r in c.execute(sa.select(batches.c.id).where(
-                batches.c.status.in_(("in_progress", "cancelling")), batches.c.expires_at < now))]
-            n = 0
-            for batch_id in late:
-                n += c.execute(batch_items.update().where(batch_items.c.batch_id == batch_id, _free(now)).values(state="expired", finished_at=now, lease_until=None, error_code="expired",
-                         error_message="the batch's completion window ended before this item was done")).rowcount
-                _settle(c, batch_id, now, expired=True)
+        n = 0
+        with database_errors(), self.engine.connect() as c:
+            open_ = c.execute(sa.select(batches.c.id, batches.c.status, batches.c.expires_at).where(
+                batches.c.status.in_(("in_progress", "cancelling")))).all()
+        for batch_id, status, expires_at in open_:
+            if in_utc(expires_at) >= now and status != "cancelling":
+                continue
+            with database_errors(), self.engine.begin() as c:
+                _lock(c, batch_id)
+                if status == "cancelling":
+                    c.execute(batch_items.update().where(batch_items.c.batch_id == batch_id, _free(now)).values(
+                        state="cancelled", finished_at=now, lease_until=None, error_code="cancelled",
+                        error_message="the batch was cancelled before this item ran"))
+                else:
+                    n += c.execute(batch_items.update().where(batch_items.c.batch_id == batch_id, _free(now)).values(
+                        state="expired", finished_at=now, lease_until=None, error_code="expired",
+                        error_message="the batch's completion window ended before this item was done")).rowcount
+                _settle(c, batch_id, now)
         return n
 
     def ended_before(self, when: datetime) -> list[str]:
@@ -289,7 +333,13 @@ def _counts(c: sa.Connection, batch_ids: list[str]) -> dict[str, dict[str, int]]
     return out
 
 
-def _settle(c: sa.Connection, batch_id: str, now: datetime, expired: bool = False) -> None:
+def _lock(c: sa.Connection, batch_id: str) -> None:
+    """Hold the batch's row until the transaction ends (PostgreSQL; SQLite's writer lock orders writers already)."""
+    if c.dialect.name == "postgresql":
+        c.execute(sa.select(batches.c.id).where(batches.c.id == batch_id).with_for_update())
+
+
+def _settle(c: sa.Connection, batch_id: str, now: datetime) -> None:
     """A batch with no item queued or running ends: cancelled (it was being cancelled), expired (its
     window ended with items undone), else completed."""
     left = c.execute(sa.select(sa.func.count()).select_from(batch_items).where(
@@ -301,5 +351,6 @@ def _settle(c: sa.Connection, batch_id: str, now: datetime, expired: bool = Fals
         return
     undone = c.execute(sa.select(sa.func.count()).select_from(batch_items).where(
         batch_items.c.batch_id == batch_id, batch_items.c.state == "expired")).scalar()
-    final = "cancelled" if status == "cancelling" else "expired" if (expired or undone) else "completed"
-    c.execute(batches.update().where(batches.c.id == batch_id).values(status=final, ended_at=now))
+    final = "cancelled" if status == "cancelling" else "expired" if undone else "completed"
+    c.execute(batches.update().where(batches.c.id == batch_id, batches.c.status.in_(("in_progress", "cancelling")))
+              .values(status=final, ended_at=now))

@@ -12,6 +12,7 @@ Another account's batch, and an id not even well formed, are 404, worded the sam
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from aiohttp import web
@@ -73,7 +74,7 @@ async def _read(request: web.Request, limit: int) -> bytes:
 async def list_batches(request: web.Request) -> web.Response:
     jobs, account = _ctx(request)
     raw = request.query.get("limit", "20")
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdecimal()) or len(raw) > 3:
         raise InvalidRequest("'limit' must be 1-100")
     return web.json_response(await jobs.list(account=account, limit=int(raw), after=request.query.get("after")))
 
@@ -116,12 +117,17 @@ async def audio(request: web.Request) -> web.StreamResponse:
     jobs, account = _ctx(request)
     chunks, size, content_type = await jobs.audio(request.match_info["batch_id"], request.match_info["custom_id"],
                                                   account=account)
-    resp = web.StreamResponse(headers={"Content-Type": content_type, "Content-Length": str(size)})
-    await resp.prepare(request)
-    for chunk in chunks:
-        await resp.write(chunk)
-    await resp.write_eof()
-    return resp
+    try:
+        resp = web.StreamResponse(headers={"Content-Type": content_type, "Content-Length": str(size)})
+        await resp.prepare(request)
+        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:  # (a file or S3 read blocks)
+            await resp.write(chunk)
+        await resp.write_eof()
+        return resp
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 

@@ -73,5 +73,6 @@ def make_request(tle: ModuleType, request: GenerationRequest, client_id: int, ma
 
 
 def executor_priority(priority: int) -> float:
-    """Scheduler priority (0 ongoing, 1 before first audio, 2 continuation) -> the executor's 0..1 (0.5 default)."""
-    return min(1.0, 0.5 + 0.25 * max(0, priority))
+    """Scheduler priority (-1 a batch item, 0 ongoing, 1 before first audio, 2 continuation) -> the executor's
+    0..1 (0.5 default; a batch item's 0.25)."""
+    return min(1.0, max(0.0, 0.5 + 0.25 * max(-1, priority)))

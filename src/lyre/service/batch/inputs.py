@@ -18,12 +18,14 @@ error file.
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
+from xml.sax.saxutils import escape
 
-from pydantic import Field, StrictFloat, StrictInt, StrictStr
+from pydantic import AfterValidator, Field, StrictFloat, StrictInt, StrictStr
 
 from lyre.audio.formats import check_bitrate, check_format, check_speed
 from lyre.errors import InvalidBatch, InvalidRequest, LyreError
@@ -31,12 +33,24 @@ from lyre.service.options import SpeechBody, parse
 
 MAX_PROBLEMS = 100  # bad lines listed in one refusal (the count says how many there were)
 OPENAI_URL = "/v1/audio/speech"
+MAX_TEMPLATE_OUTPUT = 100_000  # characters a filled template may reach before the text limit is even checked
+# a custom_id names its audio in a URL path and a file name: printable, no braces, not "." or ".."
+_BAD_ID = re.compile(r"[\x00-\x1f\x7f{}\ud800-\udfff]")
+
+
+def _custom_id(value: str) -> str:
+    if _BAD_ID.search(value) or value in (".", ".."):
+        raise ValueError("must be printable text without braces, and not '.' or '..'")
+    return value
+
+
+CustomId = Annotated[str, Field(min_length=1, max_length=256), AfterValidator(_custom_id)]
 
 
 class BatchLine(SpeechBody):
     """One line of a batch's input (Lyre's shape)."""
 
-    custom_id: str = Field(min_length=1, max_length=256, description="the caller's id of this item, unique in the batch")
+    custom_id: CustomId = Field(description="the caller's id of this item, unique in the batch")
     template: str | None = Field(None, max_length=100_000, description="text with {name} fields, filled from 'variables'")
     variables: dict[str, StrictStr | StrictInt | StrictFloat] | None = Field(None, max_length=1000)
 
@@ -52,13 +66,14 @@ def read(data: bytes, max_items: int, check: Callable[[dict[str, Any], str | Non
     """Every line of ``data`` as an :class:`Item`, or InvalidBatch naming each bad line. ``check(request,
     voice)`` raises what would make the item fail at once (an unknown voice, a text over the limit)."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # (a byte-order mark is allowed)
     except UnicodeDecodeError as e:
         raise InvalidBatch(f"the input is not UTF-8 (byte {e.start}): send JSONL, one JSON object per line") from None
     items: list[Item] = []
     problems: list[tuple[int, str]] = []
     seen: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate(text.split("\n"), start=1):  # (JSON strings may hold U+2028 and the like)
+        raw = raw.removesuffix("\r")
         if not raw.strip():
             continue
         if len(items) + len(problems) >= max_items:
@@ -120,13 +135,14 @@ def _text(line: BatchLine) -> str:
         if line.variables is not None:
             raise InvalidRequest("'variables' fill a 'template'; this item has none")
         return line.input if line.input is not None else line.text
-    return fill(line.template, line.variables or {})
+    return fill(line.template, line.variables or {}, ssml=line.template.lstrip().startswith(("<speak", "<?xml")))
 
 
-def fill(template: str, variables: dict[str, Any]) -> str:
+def fill(template: str, variables: dict[str, Any], ssml: bool = False) -> str:
     """``template``'s ``{name}`` fields from ``variables`` (``{{`` and ``}}`` are braces). Only plain names:
-    no attributes, indexes, conversions or formats (nothing a template can reach through)."""
-    out, used = [], set()
+    no attributes, indexes, conversions or formats (nothing a template can reach through); the result
+    is bounded as it is built. In an SSML template the values are text: "&" and "<" are escaped."""
+    out, used, size = [], set(), 0
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as e:
@@ -140,7 +156,11 @@ def fill(template: str, variables: dict[str, Any]) -> str:
         if name not in variables:
             raise InvalidRequest(f"template variable {name!r} is not in 'variables'")
         used.add(name)
-        out.append(str(variables[name]))
+        value = str(variables[name])
+        out.append(escape(value) if ssml else value)
+        size += len(literal) + len(out[-1])
+        if size > MAX_TEMPLATE_OUTPUT:
+            raise InvalidRequest(f"the filled template passes {MAX_TEMPLATE_OUTPUT} characters")
     unused = sorted(set(variables) - used)
     if unused:
         raise InvalidRequest(f"variable {unused[0]!r} is not used by the template")

@@ -53,6 +53,10 @@ class BatchJobs:
         if idempotency_key is not None and not (isinstance(idempotency_key, str) and 0 < len(idempotency_key) <= 255):
             raise InvalidRequest("Idempotency-Key must be 1-255 characters")
         digest = hashlib.sha256(data).hexdigest()
+        if idempotency_key is not None:  # a resubmission is answered without checking its input again
+            before = await asyncio.to_thread(self.store.existing, account, idempotency_key)
+            if before is not None and before["input_sha256"] == digest:
+                return await self.get(before["id"], account=account)
         items = await asyncio.to_thread(inputs.read, data, self.cfg.max_items_per_batch, self._checker(account))
         row, created = await asyncio.to_thread(
             self.store.create, owner=account, items=[{"line": i.line, "custom_id": i.custom_id, "request": i.request}

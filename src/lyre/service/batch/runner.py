@@ -38,7 +38,6 @@ from lyre.storage.results import ResultStore
 
 log = logging.getLogger("lyre.batch")
 
-UPKEEP_EVERY_S = 60.0  # expiry of finished windows and retention, besides every idle poll
 BACKOFF_S = 5.0  # after a transient failure (the database, the store), before claiming again
 
 
@@ -55,6 +54,8 @@ class BatchRunner:
         self.wake = asyncio.Event()  # a batch was submitted here, or an item ended: look for work now
         self._turn = 0
         self._last_upkeep = float("-inf")
+        self._started: set[int] = set()  # items whose task has begun (a task cancelled before it began never runs)
+        self._resume_at = 0.0  # (loop time) no claims before it: backing off after a failure not an item's
         self._tasks: list[asyncio.Task] = []
         self.scratch = Path(results.temp_dir())  # (this server's own folder in it, from the start)
 
@@ -68,7 +69,7 @@ class BatchRunner:
             task.cancel()
         for _, task in list(self.running.values()):
             task.cancel()
-        await asyncio.gather(*self._tasks, *(t for _, t in self.running.values()), return_exceptions=True)
+        await asyncio.gather(*self._tasks, *(t for _, t in list(self.running.values())), return_exceptions=True)
 
     # --- claiming ----------------------------------------------------------------------------------
 
@@ -83,18 +84,22 @@ class BatchRunner:
             back = await asyncio.to_thread(self.store.reclaim, self.instance + "/")
             if back:
                 log.info("batch: %d items an earlier run of this server left unfinished are queued again", back)
+        loop = asyncio.get_running_loop()
         while True:
             pause = self.cfg.poll_s
             try:
                 await self._upkeep()
-                if self.cfg.enabled:
+                if self.cfg.enabled and loop.time() >= self._resume_at:
                     await self._fill()
             except (DatabaseError, OSError, ServiceUnavailable) as e:
                 log.warning("batch: cannot look for items now (%s); trying again in %.0f s", e, BACKOFF_S)
                 pause = BACKOFF_S
+            except Exception:  # noqa: BLE001 - the loop goes on whatever one round met
+                log.exception("batch: claiming failed; trying again in %.0f s", BACKOFF_S)
+                pause = BACKOFF_S
             self.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), pause)
+                await asyncio.wait_for(self.wake.wait(), max(pause, self._resume_at - loop.time()))
 
     async def _fill(self) -> None:
         """Claim items while this server has room, accounts in turn (each within its batch_slots)."""
@@ -107,16 +112,29 @@ class BatchRunner:
             if self.by_account[account] >= self.tts.quotas.of(account).batch_slots:
                 accounts.remove(account)
                 continue
-            claim = await asyncio.to_thread(self.store.claim, self.server, self.cfg.lease_s, account)
+            claim = await asyncio.to_thread(self.store.claim, self.server, self.cfg.lease_s, account,
+                                            self.cfg.max_attempts, tuple(self.running))
             if claim is None:
                 accounts.remove(account)
                 continue
             self.by_account[account] += 1
-            self.running[claim.id] = (claim, asyncio.get_running_loop().create_task(self._run(claim)))
+            task = asyncio.get_running_loop().create_task(self._run(claim))
+            self.running[claim.id] = (claim, task)
+            # the bookkeeping runs even for a task cancelled before it started (its body never ran)
+            task.add_done_callback(lambda t, claim=claim: self._ended(claim, t))
+
+    def _ended(self, claim: Claim, task: asyncio.Task) -> None:
+        if self.running.get(claim.id, (None, None))[1] is task:
+            del self.running[claim.id]
+            self.by_account[claim.owner] -= 1
+        if task.cancelled() and claim.id not in self._started:  # never ran: give it back
+            asyncio.get_running_loop().create_task(self._give_back(claim))
+        self._started.discard(claim.id)
+        self.wake.set()
 
     async def _upkeep(self) -> None:
         loop = asyncio.get_running_loop()
-        if loop.time() - self._last_upkeep < min(UPKEEP_EVERY_S, self.cfg.poll_s):
+        if loop.time() - self._last_upkeep < self.cfg.poll_s:
             return
         self._last_upkeep = loop.time()
         expired = await asyncio.to_thread(self.store.expire)
@@ -134,8 +152,11 @@ class BatchRunner:
     # --- one item ----------------------------------------------------------------------------------
 
     async def _run(self, claim: Claim) -> None:
+        self._started.add(claim.id)  # (see _ended)
         ext = claim.request["response_format"]
-        key = f"{claim.batch_id}/{claim.line:06d}-{claim.attempt}.{ext}"
+        # the attempt's own key (attempt numbers are never reused) with a token: an earlier holder's publish
+        # still running in a worker thread can never overwrite it
+        key = f"{claim.batch_id}/{claim.line:06d}-{claim.attempt}-{secrets.token_hex(3)}.{ext}"
         temp = self.scratch / f"{claim.id}-{claim.attempt}-{secrets.token_hex(4)}.part"
         try:
             try:
@@ -143,23 +164,29 @@ class BatchRunner:
                 await asyncio.to_thread(self.results.publish, temp, key)
             except (DatabaseError, ServiceUnavailable, OSError) as e:  # not the item's fault: it goes back
                 log.warning("batch item %s/%s given back: %s", claim.batch_id, claim.custom_id, e)
-                await asyncio.to_thread(self.store.release, claim, self.server)
+                self._back_off()
+                await self._give_back(claim)
                 return
             except LyreError as e:
+                if not self.tts.ready:  # the engine stopped under it: not the item's fault either
+                    self._back_off()
+                    await self._give_back(claim)
+                    return
                 log.info("batch item %s/%s failed: %s", claim.batch_id, claim.custom_id, e)
-                await asyncio.to_thread(self.store.finish, claim, self.server, state="failed", error_code=error_code(e),
-                                        error_message=f"{classify(e).http_status}: {e}")
-                self._count("failed")
+                if await self._finish(claim, state="failed", error_code=error_code(e),
+                                      error_message=f"{classify(e).http_status}: {e}"):
+                    self._count("failed")
                 return
-            ok = await asyncio.to_thread(self.store.finish, claim, self.server, state="completed", result_key=key,
-                                         sha256=done.sha256, size=done.size, duration_s=done.duration_s)
+            ok = await self._finish(claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
+                                    duration_s=done.duration_s)
             if not ok:  # our lease was lost meanwhile: another attempt's result is (or will be) the one shown
                 log.warning("batch item %s/%s: lease lost before it completed; its audio is discarded",
                             claim.batch_id, claim.custom_id)
                 await asyncio.to_thread(self.results.delete_prefix, key)
                 return
             self._count("completed", audio_s=done.duration_s, evictions=done.evictions)
-            stale = [k for k in await asyncio.to_thread(self.results.keys, key.rsplit("-", 1)[0] + "-") if k != key]
+            stale = [k for k in await asyncio.to_thread(self.results.keys, f"{claim.batch_id}/{claim.line:06d}-")
+                     if k != key]
             for k in stale:  # an earlier attempt's file, published before its server died
                 await asyncio.to_thread(self.results.delete_prefix, k)
         except asyncio.CancelledError:
@@ -167,24 +194,41 @@ class BatchRunner:
         except Exception:  # noqa: BLE001 - one item's failure never stops the runner
             log.exception("batch item %s/%s failed", claim.batch_id, claim.custom_id)
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(self.store.finish, claim, self.server, state="failed",
-                                        error_code="internal_error", error_message="500: the server failed on this item")
+                await self._finish(claim, state="failed", error_code="internal_error",
+                                   error_message="500: the server failed on this item")
         finally:
             temp.unlink(missing_ok=True)
-            self.running.pop(claim.id, None)
-            self.by_account[claim.owner] -= 1
-            self.wake.set()
+
+    async def _finish(self, claim: Claim, **values: Any) -> bool:
+        """End the item in the database, retrying while the database is away (the lease is renewed
+        meanwhile: the item stays this server's); False when the lease was lost."""
+        while True:
+            try:
+                return await asyncio.to_thread(self.store.finish, claim, self.server, **values)
+            except DatabaseError as e:
+                log.warning("batch item %s/%s: cannot record its end yet (%s)", claim.batch_id, claim.custom_id, e)
+                await asyncio.sleep(BACKOFF_S)
+
+    async def _give_back(self, claim: Claim) -> None:
+        with contextlib.suppress(DatabaseError):  # (else its lease runs out, and any server takes it)
+            await asyncio.to_thread(self.store.release, claim, self.server)
+
+    def _back_off(self) -> None:
+        """After a failure that is not the item's (a store or database away, the engine stopped): claim
+        nothing for a while, rather than render items again and again only to give them back."""
+        self._resume_at = asyncio.get_running_loop().time() + BACKOFF_S
 
     async def _after_cancel(self, claim: Claim) -> None:
         """Its batch is being cancelled: the item is cancelled; else this server is stopping: given back."""
         with contextlib.suppress(Exception):
             status = await asyncio.to_thread(self.store.status, claim.batch_id)
             if status == "cancelling":
-                await asyncio.to_thread(self.store.finish, claim, self.server, state="cancelled", error_code="cancelled",
-                                        error_message="the batch was cancelled while this item ran")
-                self._count("cancelled")
+                if await asyncio.to_thread(self.store.finish, claim, self.server, state="cancelled",
+                                           error_code="cancelled",
+                                           error_message="the batch was cancelled while this item ran"):
+                    self._count("cancelled")
             else:
-                await asyncio.to_thread(self.store.release, claim, self.server)
+                await self._give_back(claim)
 
     # --- leases ------------------------------------------------------------------------------------
 
@@ -199,13 +243,13 @@ class BatchRunner:
                 lost = await asyncio.to_thread(self.store.renew, self.server, claims, self.cfg.lease_s)
                 cancelling = {b for b in {c.batch_id for c in claims}
                               if await asyncio.to_thread(self.store.status, b) == "cancelling"}
-            except DatabaseError as e:
-                log.warning("batch: cannot renew leases now (%s)", e)
+            except Exception as e:  # noqa: BLE001 - the heartbeat goes on whatever one round met
+                log.warning("batch: cannot renew leases now (%s: %s)", type(e).__name__, e)
                 continue
             for claim in claims:
                 if claim.id in lost or claim.batch_id in cancelling:
                     entry = self.running.get(claim.id)
-                    if entry is not None:
+                    if entry is not None and entry[0] is claim:
                         entry[1].cancel()
 
     def cancel_batch(self, batch_id: str) -> None:

@@ -23,7 +23,7 @@ def upgrade() -> None:
         sa.Column("status", sa.String(16), nullable=False),
         sa.Column("idempotency_key", sa.String(255), nullable=True),
         sa.Column("input_sha256", sa.String(64), nullable=False),
-        sa.Column("input_bytes", sa.Integer, nullable=False),
+        sa.Column("input_bytes", sa.BigInteger, nullable=False),
         sa.Column("total", sa.Integer, nullable=False),
         sa.Column("completion_window", sa.String(16), nullable=False),
         sa.Column("meta", sa.JSON, nullable=False),

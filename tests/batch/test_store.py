@@ -1,0 +1,94 @@
+"""The batch store on each real database (SQLite, PostgreSQL): only the current lease's holder ends an
+item; a lost lease is taken by another server and the first one's result refused; attempts are never
+reused and an item tried batch.max_attempts times fails; a cancelled batch whose items nobody runs
+any more settles; two servers claiming at once never take the same item."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import sqlalchemy as sa
+
+from lyre.storage.batches import BatchStore
+from lyre.storage.db import batch_items, batches, open_database
+
+
+def make(database_url: str, n: int = 3, owner: str = "acme") -> tuple[BatchStore, str]:
+    store = BatchStore(open_database(database_url))
+    row, created = store.create(owner=owner, items=[{"line": i + 1, "custom_id": f"r{i}", "request": {"text": "x"}}
+                                                    for i in range(n)],
+                                input_sha256="0" * 64, input_bytes=10, completion_window="24h", window_s=86400.0,
+                                meta={}, idempotency_key=None, max_items=1000)
+    assert created
+    return store, row["id"]
+
+
+def age_leases(store: BatchStore, seconds: float) -> None:
+    """Leases as if ``seconds`` had passed (the store reads time from the clock: move the rows instead)."""
+    with store.engine.begin() as c:
+        held = c.execute(sa.select(batch_items.c.id, batch_items.c.lease_until)
+                         .where(batch_items.c.lease_until.is_not(None))).all()
+        for item_id, until in held:
+            c.execute(batch_items.update().where(batch_items.c.id == item_id)
+                      .values(lease_until=until - timedelta(seconds=seconds)))
+
+
+def test_only_the_current_leases_holder_ends_an_item(database_url):
+    store, batch_id = make(database_url, n=1)
+    first = store.claim("a/1", 30.0, "acme", 5)
+    assert first is not None and first.attempt == 1
+    assert store.claim("b/1", 30.0, "acme", 5) is None  # held
+    age_leases(store, 60)  # a's lease ran out (it stalled, or died)
+    second = store.claim("b/1", 30.0, "acme", 5)
+    assert second is not None and second.id == first.id and second.attempt == 2
+    assert store.renew("a/1", [first], 30.0) == {first.id}  # a learns it lost the item
+    assert not store.finish(first, "a/1", state="completed", result_key="k1", sha256="1" * 64, size=1, duration_s=1.0)
+    assert store.finish(second, "b/1", state="completed", result_key="k2", sha256="2" * 64, size=2, duration_s=1.0)
+    [row] = list(store.items(batch_id, "acme", ("completed",)))
+    assert row["result_key"] == "k2" and row["attempts"] == 2
+    assert store.get(batch_id, "acme")["status"] == "completed"
+
+
+def test_attempts_are_never_reused_and_an_item_tried_too_often_fails(database_url):
+    store, batch_id = make(database_url, n=1)
+    for attempt in (1, 2):
+        claim = store.claim("a/1", 30.0, "acme", 2)
+        assert claim.attempt == attempt
+        store.release(claim, "a/1")  # given back (its server stopping): queued, the attempt counted
+    assert store.claim("a/1", 30.0, "acme", 2) is None  # a third try: it fails instead
+    [row] = list(store.items(batch_id, "acme", ("failed",)))
+    assert row["error_code"] == "gave_up" and "batch.max_attempts" in row["error_message"]
+    assert store.get(batch_id, "acme")["status"] == "completed"  # (every item ended; the error file has it)
+
+
+def test_a_cancelled_batch_whose_running_item_lost_its_server_settles(database_url):
+    store, batch_id = make(database_url, n=2)
+    running = store.claim("a/1", 30.0, "acme", 5)
+    assert store.cancel(batch_id, "acme")["status"] == "cancelling"  # one item still runs
+    age_leases(store, 60)  # its server died
+    store.expire()  # the upkeep
+    done = store.get(batch_id, "acme")
+    assert done["status"] == "cancelled" and done["counts"]["cancelled"] == 2
+    assert not store.finish(running, "a/1", state="completed", result_key="k")
+
+
+def test_servers_claiming_at_once_never_take_the_same_item(database_url):
+    store, batch_id = make(database_url, n=40)
+    taken: list[int] = []
+    lock = threading.Lock()
+
+    def server(name: str) -> None:
+        while (claim := store.claim(name, 30.0, "acme", 5)) is not None:
+            with lock:
+                taken.append(claim.id)
+
+    threads = [threading.Thread(target=server, args=(f"s{i}/1",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(taken) == sorted(set(taken)) and len(taken) == 40
+    with store.engine.connect() as c:
+        assert c.execute(sa.select(sa.func.count()).where(batch_items.c.attempts != 1)).scalar() == 0
+        assert c.execute(sa.select(batches.c.status).where(batches.c.id == batch_id)).scalar() == "in_progress"
