@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
 
 import pytest
 
+from lyre.tools.batch_client import download
 from tests.support.paths import REPO_ROOT
 from tests.support.servers import serve_in_process
 
@@ -95,7 +95,7 @@ def test_an_unknown_batch_is_an_error_and_text_is_still_spoken(server, tmp_path)
 
 
 class TamperedAPI:
-    """A stand-in for client.py's Batches whose audio of item "b" differs from what the output file says."""
+    """A stand-in for lyre.tools.batch_client.Batches whose audio of item "b" differs from what the output file says."""
 
     def __init__(self):
         self.lines = [{"custom_id": cid, "response_format": "wav", "sha256": hashlib.sha256(cid.encode()).hexdigest(),
@@ -112,10 +112,7 @@ class TamperedAPI:
 
 
 def test_download_keeps_no_file_whose_sha256_differs_and_exits_1(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("lyre_client_script", REPO_ROOT / "client.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    assert asyncio.run(script.download(TamperedAPI(), "batch_x", tmp_path)) == 1
+    assert asyncio.run(download(TamperedAPI(), "batch_x", tmp_path)) == 1
     assert "error: the audio of 'b' has sha256" in capsys.readouterr().err
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names[0] == "a-" + hashlib.sha256(b".a").hexdigest()[:10] + ".wav"

@@ -70,7 +70,10 @@ class GenerationRequest:
     request_id: str
     prompt_ids: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    priority: int = 0  # higher is served first (new sessions before their first audio)
+    # higher is served first (new sessions before their first audio); negative: a batch item, whose prefill
+    # (like its decoding) runs only in steps whose ``order`` lists it (the PyTorch engine; TensorRT-LLM's
+    # executor gets the lowest priority)
+    priority: int = 0
     record_logits: bool = False  # debugging/tests: attach each step's logits to the delta
     # The first ``prefix_len`` prompt ids are shared by many requests (a cloned voice's reference
     # turn) under this name: an engine may keep their K/V and reuse it (results are the same).
@@ -147,8 +150,9 @@ class TokenEngine(Protocol):
         """One iteration; this step's deltas. ``order``: the request ids allowed to decode this
         step, most urgent first; the first ``max_batch_size`` of them that are ready (prefilled)
         decode. Requests not in ``order`` do not decode, but every admitted request still
-        prefilling goes on prefilling (priority, then admission order, within the prefill budget),
-        and one whose prefill completes samples its first token. Unknown ids are ignored.
+        prefilling goes on prefilling (priority, then admission order, within the prefill budget;
+        a negative-priority request only when it is in ``order``), and one whose prefill completes
+        samples its first token. Unknown ids are ignored.
         ``None``: every ready request, earliest admitted first (up to ``max_batch_size``)."""
         ...
 

@@ -109,6 +109,18 @@ def test_a_request_not_in_the_order_still_prefills_and_samples_its_first_token(e
     assert not engine.has_work()
 
 
+def test_a_batch_items_prompt_prefills_only_in_steps_whose_order_lists_it(engine):
+    params = SamplingParams(max_tokens=3, min_tokens=3, seed=5)
+    engine.add(GenerationRequest("batch", speech_prompt(2), params, priority=-1))
+    engine.add(GenerationRequest("live", speech_prompt(3), params, priority=1))
+    assert [d.request_id for d in engine.step(["live"])] == ["live"]  # live's prompt alone: batch waits
+    assert engine.stats().prefilling == 1
+    assert [d.request_id for d in engine.step(["live"])] == ["live"]
+    assert engine.stats().prefilling == 1  # still not prefilled
+    assert "batch" in {d.request_id for d in engine.step(["live", "batch"])}  # listed: it prefills
+    drive(engine, {})
+
+
 def test_several_prompts_prefill_in_one_forward(engine):
     params = SamplingParams(max_tokens=2, seed=3)
     for i in range(3):  # 3 x 4 tokens fit the 16-token prefill budget

@@ -227,7 +227,8 @@ class TorchEngine:
         ``order``: request ids allowed to decode, most urgent first; the first ``max_batch_size``
         of them that are ready decode (unknown ids are ignored). ``None``: every ready request,
         earliest admitted first. Prompt prefill goes on for every request still prefilling, in
-        ``order`` or not, and a request whose prefill completes samples its first token."""
+        ``order`` or not — except a batch item's (negative priority), which prefills only when it is in
+        ``order`` — and a request whose prefill completes samples its first token."""
         deltas = self._reap_cancelled()
         decode, prefill = self._schedule(order)
         if not decode and not prefill:
@@ -293,8 +294,11 @@ class TorchEngine:
         decode = [s for s in candidates if not s.prefilling][: self.cfg.max_batch_size]
         budget = self.cfg.max_prefill_tokens
         prefill = []
+        allowed = None if order is None else set(order)  # (a batch item prefills only when it may run)
         waiting_prompts = sorted(
-            (s for s in self.slots.by_slot.values() if s.prefilling), key=lambda s: (-s.request.priority, s.order)
+            (s for s in self.slots.by_slot.values()
+             if s.prefilling and (s.request.priority >= 0 or allowed is None or s.request.request_id in allowed)),
+            key=lambda s: (-s.request.priority, s.order),
         )
         for seq in waiting_prompts:
             if budget <= 0:
