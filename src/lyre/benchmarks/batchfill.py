@@ -3,8 +3,8 @@
 One server (a ``python -m lyre serve`` process). First the capacity: a backlog of batch items alone,
 for ``seconds``: the audio-seconds per second the server produces at full speed (``capacity``). Then,
 at each live level (a share of that capacity), live callers in a closed loop — ``round(level x
-capacity)`` users, each streaming REST speech of known length one request after another, its audio
-timed by a simulated real-time player — for ``seconds`` without a backlog, then for ``seconds`` with
+capacity)`` users, each streaming REST speech of known length and listening to it (a simulated
+real-time player) before asking the next — for ``seconds`` without a backlog, then for ``seconds`` with
 a backlog of ``backlog`` batch items submitted at its start. Per level:
 
 - live TTFB p95 with the backlog over without it (goal <= 1.1), and the live players' underruns
@@ -76,9 +76,10 @@ async def _phase(session: aiohttp.ClientSession, http: str, s: BatchFillSettings
     before, start = await _audio_delivered(session, http), time.monotonic()
     results: list[dict[str, Any]] = []
 
-    async def user() -> None:
+    async def user() -> None:  # a caller who listens to each answer before the next (real-time consumption)
         while time.monotonic() - start < s.seconds:
             results.append(await _speech(session, http, s.live_tokens))
+            await asyncio.sleep(max(0.0, results[-1]["played_until"] - time.perf_counter()))
 
     await asyncio.gather(*(user() for _ in range(users)), asyncio.sleep(s.seconds))
     elapsed = time.monotonic() - start
@@ -116,13 +117,14 @@ async def _speech(session: aiohttp.ClientSession, http: str, tokens: int) -> dic
         async with session.post(f"{http}/v1/audio/speech", json=body) as r:
             if r.status != 200:
                 await r.read()
-                return {"ok": False, "ttfb_ms": None, "underruns": 0, "audio_s": 0.0}
+                return {"ok": False, "ttfb_ms": None, "underruns": 0, "audio_s": 0.0, "played_until": 0.0}
             async for chunk in r.content.iter_any():
                 player.arrive(len(chunk))
     except aiohttp.ClientError:
-        return {"ok": False, "ttfb_ms": None, "underruns": 0, "audio_s": 0.0}
+        return {"ok": False, "ttfb_ms": None, "underruns": 0, "audio_s": 0.0, "played_until": 0.0}
     result = player.result()
-    return {"ok": True, "ttfb_ms": result.ttfb_ms, "underruns": result.underruns, "audio_s": player.audio_s}
+    return {"ok": True, "ttfb_ms": result.ttfb_ms, "underruns": result.underruns, "audio_s": player.audio_s,
+            "played_until": (player.first or start) + player.audio_s}
 
 
 async def _audio_delivered(session: aiohttp.ClientSession, http: str) -> float:

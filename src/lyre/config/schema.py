@@ -287,7 +287,7 @@ class BatchConfig(Section):
     lane, from KV slots live callers leave free, their audio kept in ``results_url``."""
 
     enabled: bool = True  # false: this server takes no batch items (the API still answers; others may run them)
-    # items this server runs at once (sessions handed to the batch lane); 0 = max_concurrent_sessions
+    # items this server runs at once (sessions handed to the batch lane); 0 = scheduler.max_batch_size
     max_running: int = Field(0, ge=0, le=100_000)
     lease_s: float = Field(30.0, ge=1.0, le=86400.0)  # a claimed item is retried elsewhere once its lease runs out
     max_attempts: int = Field(5, ge=1, le=1000)  # an item whose servers stopped or failed this often fails

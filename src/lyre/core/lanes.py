@@ -12,12 +12,14 @@ speed. The scheduler gives the lane, in order of precedence:
   next engine step, where the live session takes one. The item's runner (:mod:`lyre.service.batch`)
   generates the evicted segment again later — a segment is at most one text segment (~280
   characters), so an eviction loses at most that much work;
-- **decode seats** left over by live sessions, and only in steps where every live session holds
-  ``scheduler.batch_live_slack_s`` of audio its listener has not played yet — none while a live
-  session waits for its first audio or is about to run dry. On a CPU a step's cost grows with its
-  rows: batch rows would slow the live sessions that need their next tokens now. Live sessions
-  fill their buffers in the short steps, then batch rows run while they play;
-- **codec rounds** after every live job (:class:`~lyre.core.pipeline.AudioPipeline`).
+- **steps** only where every live session holds ``scheduler.batch_live_slack_s`` of audio its
+  listener has not played yet — none while a live session waits for its first audio or is about
+  to run dry. In such a step batch sessions get the decode seats live ones leave, their prompts
+  prefill (a batch prompt never prefills in another step: the engine's negative priority), and
+  their frames get what a codec round leaves after every live job
+  (:class:`~lyre.core.pipeline.AudioPipeline`). On a CPU a step's and a round's cost grow with their
+  rows: batch work would slow the live sessions that need their next audio now. Live sessions fill
+  their buffers in the short steps, then the lane runs while they play.
 
 Why evict rather than pause in place: a paused session still holds its slot, which is what the live
 request needs. Why regenerate the segment rather than recompute its KV from the codes generated so far:

@@ -135,13 +135,13 @@ class AudioPipeline:
 
     # --- the round ------------------------------------------------------------------------------
 
-    def finish(self, sessions: list[Session], now: float) -> AudioOutcome:
+    def finish(self, sessions: list[Session], now: float, batch: bool = True) -> AudioOutcome:
         """The audio half of a round. Without overlap: plan, decode and deliver now. With overlap: if
         the codec thread is still decoding, return at once (the engine keeps stepping); else deliver
         what it decoded, then plan the next jobs and hand them to it."""
         out = AudioOutcome()
         if self._overlap is None:
-            jobs = self._plan(sessions, now, out)
+            jobs = self._plan(sessions, now, out, batch)
             if jobs:
                 self._deliver(jobs, self._decode(jobs), now, out)
                 out.busy = True
@@ -153,7 +153,7 @@ class AudioPipeline:
             self._inflight = None
             self._deliver(jobs, future.result(), now, out)
             out.busy = True
-        jobs = self._plan(sessions, now, out)
+        jobs = self._plan(sessions, now, out, batch)
         if jobs:
             self._inflight = (jobs, self._overlap.submit(self._decode, jobs))
         return out
@@ -168,7 +168,7 @@ class AudioPipeline:
             self._overlap.shutdown()
         self.codec.close()
 
-    def _plan(self, sessions: list[Session], now: float, out: AudioOutcome) -> list[Job]:
+    def _plan(self, sessions: list[Session], now: float, out: AudioOutcome, batch: bool = True) -> list[Job]:
         """Due jobs (at most one per session), least slack first with accounts in turn, within the
         round's budget."""
         due: list[Job] = []
@@ -185,9 +185,10 @@ class AudioPipeline:
                 out.finished.append(s)
         due.sort(key=lambda j: (j[0].slack(now), j[0].order))
         self._rounds += 1  # each account's most urgent first, accounts in turn (the first one rotating);
-        # every live job before any batch job (lyre.core.lanes)
-        due = [j for lane in (False, True) for j in by_account([j for j in due if j[0].batch == lane],
-                                                                 lambda j: j[0].account, self._rounds)]
+        # every live job before any batch job (lyre.core.lanes); none at all in a round the scheduler
+        # keeps for live audio (``batch`` false: a live session waits for its first audio or runs low)
+        due = [j for lane in ((False, True) if batch else (False,))
+               for j in by_account([j for j in due if j[0].batch == lane], lambda j: j[0].account, self._rounds)]
         # per lane: a codec that runs ``parallel`` calls at once decodes that many jobs in a round's time
         budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
         lanes = [0] * self.codec.parallel  # frames planned on each

@@ -127,13 +127,16 @@ class Scheduler:
         self._admit()
         live, batch = split({s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)})
         order = [live[s] for s in self.policy.decode_order(list(live), self.step_count, now)]
-        if batch and self.batch.may_decode(live, self.policy.is_new, now, self.cfg.batch_live_slack_s):
+        # the batch lane runs (decodes, prefills, gets codec rounds) only while every live session has audio in hand
+        lane_runs = self.batch.may_decode(list(self.active.values()), self.policy.is_new, now,
+                                          self.cfg.batch_live_slack_s)
+        if batch and lane_runs:
             order += [batch[s] for s in self.batch.seats(batch, len(order), self.cfg.max_batch_size, self.step_count)]
         t0 = time.perf_counter()
         deltas = self.engine.step(order) if self.active or self.engine.has_work() else []
         self._route(deltas, now)
         now = self.clock()
-        audio = self.audio.finish([*self.active.values(), *self.batch.active.values()], now)
+        audio = self.audio.finish([*self.active.values(), *self.batch.active.values()], now, batch=lane_runs)
         for s, why in audio.failed:
             self._end(s, FAILED, why, now)
         for s in audio.finished:

@@ -61,7 +61,7 @@ def limits_for(cfg: LyreConfig, accounts: Sequence[str]) -> dict[str, Limits]:
     uploads = max(1, cfg.voices.max_in_flight // 4)
     places = dict(max_ws_contexts=part(s.max_concurrent_sessions + s.max_pending), max_enrollments=uploads,
                   max_verifies=uploads) if shared else dict.fromkeys(_WHAT_KEYS, UNBOUNDED)
-    running = cfg.batch.max_running or s.max_concurrent_sessions
+    running = cfg.batch.max_running or s.max_batch_size
     derived = dict(max_sessions=part(s.max_concurrent_sessions), max_queued=part(s.max_pending, 0), **places,
                    chars_per_minute=0, weight=1.0, batch_items=100_000, batch_input_bytes=50 * 2**20,
                    batch_slots=part(running))

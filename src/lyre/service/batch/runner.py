@@ -48,7 +48,7 @@ class BatchRunner:
         self.cfg = config.batch
         self.instance = instance  # this server among those sharing the database (stable across restarts)
         self.server = f"{instance}/{secrets.token_hex(4)}"  # this run of it: whose leases are whose
-        self.max_running = self.cfg.max_running or config.scheduler.max_concurrent_sessions
+        self.max_running = self.cfg.max_running or config.scheduler.max_batch_size
         self.running: dict[int, tuple[Claim, asyncio.Task]] = {}
         self.by_account: Counter[str] = Counter()
         self.wake = asyncio.Event()  # a batch was submitted here, or an item ended: look for work now
@@ -185,10 +185,10 @@ class BatchRunner:
                 await asyncio.to_thread(self.results.delete_prefix, key)
                 return
             self._count("completed", audio_s=done.duration_s, evictions=done.evictions)
-            stale = [k for k in await asyncio.to_thread(self.results.keys, f"{claim.batch_id}/{claim.line:06d}-")
-                     if k != key]
-            for k in stale:  # an earlier attempt's file, published before its server died
-                await asyncio.to_thread(self.results.delete_prefix, k)
+            if claim.attempt > 1:  # an earlier attempt's file, published before its server died
+                for k in await asyncio.to_thread(self.results.keys, f"{claim.batch_id}/{claim.line:06d}-"):
+                    if k != key:
+                        await asyncio.to_thread(self.results.delete_prefix, k)
         except asyncio.CancelledError:
             await self._after_cancel(claim)
         except Exception:  # noqa: BLE001 - one item's failure never stops the runner
