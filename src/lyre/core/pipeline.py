@@ -172,9 +172,12 @@ class AudioPipeline:
         """Due jobs (at most one per session), least slack first with accounts in turn, within the
         round's budget."""
         due: list[Job] = []
+        live = sum(not s.batch for s in sessions)  # (the codec serves live jobs first: batch ones share what is left)
         for s in sessions:
+            if s.batch and not batch:  # (not even planned: a round kept for live audio stays short)
+                continue
             try:
-                job = self._due(s, now, len(sessions))
+                job = self._due(s, now, len(sessions) if s.batch else live)
             except Exception as e:  # noqa: BLE001 - this stream's bookkeeping failed: it alone fails
                 log.exception("planning the audio of %s failed", s.session_id)
                 out.failed.append((s, f"audio planning failed: {type(e).__name__}: {e}"))
@@ -187,7 +190,7 @@ class AudioPipeline:
         self._rounds += 1  # each account's most urgent first, accounts in turn (the first one rotating);
         # every live job before any batch job (lyre.core.lanes); none at all in a round the scheduler
         # keeps for live audio (``batch`` false: a live session waits for its first audio or runs low)
-        due = [j for lane in ((False, True) if batch else (False,))
+        due = [j for lane in (False, True)
                for j in by_account([j for j in due if j[0].batch == lane], lambda j: j[0].account, self._rounds)]
         # per lane: a codec that runs ``parallel`` calls at once decodes that many jobs in a round's time
         budget = self.max_round_frames or (self.max_round_s / self.frame_cost_s if self.frame_cost_s else float("inf"))
@@ -224,7 +227,8 @@ class AudioPipeline:
         finally:
             spent = time.perf_counter() - t0
             self.codec.counters.decode_s += spent
-            self.round_s = 0.7 * self.round_s + 0.3 * spent
+            if not any(s.batch for s, _, _ in jobs):  # (what a live session waits: a round the lane sits out)
+                self.round_s = 0.7 * self.round_s + 0.3 * spent
             frames = sum(job.cost for _, _, job in jobs)
             lanes = min(self.codec.parallel, max(1, len(jobs)))  # (a lane's time per frame)
             self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * spent * lanes / max(1, frames)

@@ -14,11 +14,17 @@ class _Shape(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class BadLine(_Shape):
+    line: int = Field(description="its number in the input (1-based)")
+    message: str
+
+
 class ErrorDetail(_Shape):
     message: str = Field(description="what went wrong, in words")
     type: str = Field(description="invalid_request_error, authentication_error, not_found_error, "
                       "overloaded_error, service_unavailable, timeout_error or server_error")
     code: str = Field(description="a stable code, e.g. unknown_voice, unsupported_format, too_many_connections")
+    lines: list[BadLine] | None = Field(None, description="a batch input refused at validation: every bad line")
 
 
 class Error(_Shape):
@@ -147,6 +153,48 @@ class LexiconList(_Shape):
     lexicons: list[Lexicon]
 
 
+class BatchCounts(_Shape):
+    total: int
+    completed: int
+    failed: int
+    queued: int
+    running: int
+    cancelled: int
+    expired: int
+
+
+class Batch(_Shape):
+    """A batch job (OpenAI's Batch object, with Lyre's counts and file addresses; times in UNIX seconds)."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    status: Literal["in_progress", "cancelling", "completed", "cancelled", "expired"]
+    completion_window: str
+    created_at: int
+    in_progress_at: int
+    expires_at: int
+    finalizing_at: int | None
+    completed_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    expired_at: int | None
+    failed_at: None = Field(description="always null: a batch that fails validation is refused, never stored")
+    request_counts: BatchCounts
+    output_url: str = Field(description="GET: JSONL, a line per completed item")
+    error_url: str = Field(description="GET: JSONL, a line per failed, cancelled or expired item")
+    input_bytes: int
+    metadata: dict[str, str]
+
+
+class BatchList(_Shape):
+    object: Literal["list"]
+    data: list[Batch]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 class VoiceConsent(_Shape):
     """OpenAI's voice consent (``audio.voice_consent``): a recording of the speaker's consent."""
 
@@ -254,4 +302,5 @@ SCHEMAS: tuple[type[BaseModel], ...] = (Error, VoiceList, Voice, Consent, Enroll
                                          ModelList, Stats, Health, Ready, SpeechBody, WsMessage, TokenRequest,
                                          TokenGrant, AudioVoice, AudioVoiceList, AudioVoiceDeleted,
                                          AudioVoiceUpload, VoiceConsent, VoiceConsentList, VoiceConsentDeleted,
-                                         VoiceConsentUpload, ConsentRename, Lexicon, LexiconList, LexiconCreate)
+                                         VoiceConsentUpload, ConsentRename, Lexicon, LexiconList, LexiconCreate,
+                                         Batch, BatchList)
