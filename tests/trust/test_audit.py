@@ -205,7 +205,7 @@ def test_export_writes_csv_and_json_lines_for_an_investigation(tmp_path, databas
     assert code == 0 and (tmp_path / "zac.csv").read_text().splitlines()[0].startswith("time,ended,account,voice")
     assert len((tmp_path / "zac.csv").read_text().splitlines()) == 2
     assert export("--since", "2999-01-01")[1].splitlines() == ["time,ended,account,voice,protocol,outcome,reason,"
-                                                               "audio_seconds,text_sha256,pcm_sha256"]
+                                                               "audio_seconds,text_sha256,pcm_sha256,trace"]
     code, _, err = export("--since", "last tuesday")
     assert code == 2 and "is not a date" in err
 

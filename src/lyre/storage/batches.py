@@ -189,7 +189,7 @@ class BatchStore:
                 _lock(c, row["batch_id"])
                 c.execute(batch_items.update().where(batch_items.c.id == row["id"]).values(
                     state="failed", finished_at=now, lease_owner=None, lease_until=None, error_code="gave_up",
-                    error_message=f"500: tried {row['attempts']} times (batch.max_attempts); its servers stopped "
+                    error_message=f"tried {row['attempts']} times (batch.max_attempts); its servers stopped "
                                   "or failed each time"))
                 _settle(c, row["batch_id"], now)
                 return None

@@ -29,7 +29,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lyre.api.common import classify, error_code
 from lyre.config import LyreConfig
 from lyre.errors import DatabaseError, LyreError, ServiceUnavailable
 from lyre.service.batch.render import render
@@ -173,8 +172,7 @@ class BatchRunner:
                     await self._give_back(claim)
                     return
                 log.info("batch item %s/%s failed: %s", claim.batch_id, claim.custom_id, e)
-                if await self._finish(claim, state="failed", error_code=error_code(e),
-                                      error_message=f"{classify(e).http_status}: {e}"):
+                if await self._finish(claim, state="failed", error_code=e.code, error_message=str(e)):
                     self._count("failed")
                 return
             ok = await self._finish(claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
@@ -195,7 +193,7 @@ class BatchRunner:
             log.exception("batch item %s/%s failed", claim.batch_id, claim.custom_id)
             with contextlib.suppress(Exception):
                 await self._finish(claim, state="failed", error_code="internal_error",
-                                   error_message="500: the server failed on this item")
+                                   error_message="the server failed on this item (its log says why)")
         finally:
             temp.unlink(missing_ok=True)
 
