@@ -50,16 +50,28 @@ def test_only_the_current_leases_holder_ends_an_item(database_url):
     assert store.get(batch_id, "acme")["status"] == "completed"
 
 
-def test_attempts_are_never_reused_and_an_item_tried_too_often_fails(database_url):
+def test_an_item_whose_servers_die_too_often_fails_but_give_backs_do_not_count(database_url):
     store, batch_id = make(database_url, n=1)
-    for attempt in (1, 2):
+    for _ in range(3):  # given back (its server stopping, a store down): not counted
         claim = store.claim("a/1", 30.0, "acme", 2)
-        assert claim.attempt == attempt
-        store.release(claim, "a/1")  # given back (its server stopping): queued, the attempt counted
+        assert claim.attempt == 1
+        store.release(claim, "a/1")
+    for attempt in (1, 2):  # its server dies holding it: counted
+        assert store.claim("a/1", 30.0, "acme", 2).attempt == attempt
+        age_leases(store, 60)
     assert store.claim("a/1", 30.0, "acme", 2) is None  # a third try: it fails instead
     [row] = list(store.items(batch_id, "acme", ("failed",)))
     assert row["error_code"] == "gave_up" and "batch.max_attempts" in row["error_message"]
     assert store.get(batch_id, "acme")["status"] == "completed"  # (every item ended; the error file has it)
+
+
+def test_a_retried_end_whose_first_commit_went_through_is_ours(database_url):
+    store, batch_id = make(database_url, n=1)
+    claim = store.claim("a/1", 30.0, "acme", 5)
+    values = dict(state="completed", result_key="k1", sha256="1" * 64, size=1, duration_s=1.0)
+    assert store.finish(claim, "a/1", **values)
+    assert store.finish(claim, "a/1", **values)  # (its answer was lost: the retry must not disown the result)
+    assert not store.finish(claim, "a/1", **{**values, "result_key": "k2"})
 
 
 def test_a_cancelled_batch_whose_running_item_lost_its_server_settles(database_url):

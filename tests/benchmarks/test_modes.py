@@ -1,4 +1,4 @@
-"""``benchmark.py --mode engine | service | codec | watermark``: each runs briefly and writes every
+"""``benchmark.py --mode engine | service | codec | watermark | batch-fill``: each runs briefly and writes every
 figure (in-process: ``bench``, tests/benchmarks/conftest.py; the script runs as a process once, in
 the codec mode's test). The service mode over every policy and codec mode and the codec mode over
 several batch sizes are slow (``pytest -m slow``), each with a run of one setting here."""
@@ -202,3 +202,23 @@ def test_text_mode_reports_first_audio_with_normalisation_on_and_off():
     t = result["ttfb_ms"]
     assert t["on"]["n"] == t["off"]["n"] == 2 and t["on"]["p50"] > 0 and t["off"]["p50"] > 0
     assert 0 < result["share_of_ttfb_p50"] < 1 and "share of first audio" in text.table(result)
+
+
+def test_batch_fill_refuses_bad_levels(bench):
+    for args in (["--live-levels", "0.3,1.5"], ["--live-levels", "x"], ["--backlog", "0"], ["--seconds", "0"]):
+        bad = bench("--mode", "batch-fill", *args)
+        assert bad.returncode == 2 and "--live-levels takes shares in (0, 1)" in bad.stderr
+
+
+@pytest.mark.slow
+def test_batch_fill_measures_the_capacity_and_each_live_level_with_and_without_a_backlog(bench, tmp_path):
+    out_file = tmp_path / "fill.json"
+    run = bench("--mode", "batch-fill", "--live-levels", "0.5", "--backlog", "40", "--seconds", "4",
+                "--set", f"codec.path={narrow_codec()}", "--set", "codec.noise=false", "--output", str(out_file))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    assert result["capacity_audio_per_s"] > 0
+    [level] = result["levels"]
+    assert level["users"] >= 1 and level["without"]["ok"] >= 1 and level["with"]["ok"] >= 1
+    assert level["with"]["batch_audio_per_s"] > 0 and level["without"]["batch_audio_per_s"] < 0.05
+    assert "batch share of unused" in run.stdout

@@ -11,8 +11,8 @@ Only the engine thread uses it.
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections import Counter, deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 from lyre.core.session import Session
@@ -69,6 +69,16 @@ class FairQueue:
                 if best is None or key < best[0]:
                     best = (key, queue[0])
         return None if best is None else best[1]
+
+    def with_room(self, held: Mapping[str, int], allowed: Callable[[str], int]) -> int:
+        """How many waiting sessions' accounts have room for them (``held`` slots now, ``allowed`` each)."""
+        taken, n = Counter(held), 0
+        for queue in self._queues.values():
+            for s in queue:
+                if taken[s.account] < allowed(s.account):
+                    taken[s.account] += 1
+                    n += 1
+        return n
 
     def admitted(self, session: Session) -> None:
         """``session`` (the head of its account's queue) got a slot: dequeue it, charge its account."""

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from lyre.core.fair import by_account
-from lyre.core.session import Session
+from lyre.core.session import ACTIVE, PENDING, Session
 
 EVICTED = "evicted"
 
@@ -53,9 +54,6 @@ class BatchLane:
     def sessions(self) -> list[Session]:
         return [*self.waiting, *self.active.values()]
 
-    def next_waiting(self) -> Session | None:
-        return self.waiting[0] if self.waiting else None
-
     def admitted(self, s: Session) -> None:
         self.waiting.remove(s)
         self.active[s.session_id] = s
@@ -70,9 +68,25 @@ class BatchLane:
             return False
         return True
 
-    def victims(self, needed: int) -> list[Session]:
-        """Up to ``needed`` active batch sessions to evict: those with the fewest tokens (least work lost)."""
-        return sorted(self.active.values(), key=lambda s: (s.tokens, -s.order))[:needed]
+    def evict(self, needed: int, end: Callable[[Session], None]) -> None:
+        """End (``end``) up to ``needed`` active batch sessions: those with the fewest tokens (least work lost)."""
+        for victim in sorted(self.active.values(), key=lambda s: (s.tokens, -s.order))[:needed]:
+            self.evictions += 1
+            end(victim)
+
+    def admit(self, engine: Any, reserved: int, submit: Callable[[Session], bool]) -> None:
+        """Waiting batch sessions into the engine's free slots, keeping ``reserved`` free (``submit``
+        adds one's first segment: False when no slot is free; a session it ends is no longer waiting)."""
+        while self.waiting:
+            e = engine.stats()
+            if e.capacity - e.active - e.waiting <= reserved:
+                return
+            s = self.waiting[0]
+            if not submit(s) and s.status == PENDING:
+                return
+            if s.status == PENDING:
+                s.status = ACTIVE
+                self.admitted(s)
 
     @staticmethod
     def may_decode(live: Iterable[Session], is_new: Callable[[Session], bool], now: float, slack_s: float) -> bool:

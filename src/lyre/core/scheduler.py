@@ -269,37 +269,21 @@ class Scheduler:
             # look-ahead one segment, only into spare slots beyond those reserved for new sessions
             if one_ahead and spare > self.cfg.reserved_slots and self._submit_segment(s, k):
                 spare -= 1
-        if not any(self.policy.is_new(s) for s in self.active.values()):  # (no batch prefill beside a first audio)
-            self._admit_batch()
+        if not any(self.policy.is_new(s) for s in self.active.values()) and not self._live_waiting():
+            # (no batch prefill beside a first audio; no slot taken that a live session waits for)
+            self.batch.admit(self.engine, self.cfg.reserved_slots, lambda s: self._submit_segment(s, 0))
 
     def _evict_for_live(self) -> None:
         """Live sessions wait with room in their accounts' quotas but no slot is free: evict as many
         batch sessions (their slots are free at the next engine step)."""
-        if not self.pending or not self.batch.active:
-            return
-        held = Counter(self.active_by_account)
-        needed = 0
-        for s in self.pending:
-            if held[s.account] < self._slots_allowed(s.account):
-                held[s.account] += 1
-                needed += 1
-        now = self.clock()
-        for victim in self.batch.victims(needed):
-            self.batch.evictions += 1
-            self._end(victim, CANCELLED, EVICTED, now)
+        if self.pending and self.batch.active:
+            now = self.clock()
+            self.batch.evict(self._live_waiting(), lambda victim: self._end(victim, CANCELLED, EVICTED, now))
 
-    def _admit_batch(self) -> None:
-        """Batch sessions into slots that no live session waits for, keeping reserved_slots free."""
-        while self.batch.waiting and not self.pending:
-            e = self.engine.stats()
-            if e.capacity - e.active - e.waiting <= self.cfg.reserved_slots:
-                return
-            s = self.batch.next_waiting()
-            if not self._submit_segment(s, 0) and s.status == PENDING:
-                return
-            if s.status == PENDING:
-                s.status = ACTIVE
-                self.batch.admitted(s)
+    def _live_waiting(self) -> int:
+        """Pending live sessions whose accounts have room for them in their max_sessions (the others
+        wait for their own account's sessions, not for a slot)."""
+        return self.pending.with_room(self.active_by_account, self._slots_allowed)
 
     def _submit_segment(self, s: Session, k: int) -> bool:
         """Add segment ``k`` to the engine; False (nothing changed) when the engine has no free slot.

@@ -186,19 +186,23 @@ class BatchStore:
                 return None
             attempt = row["attempts"] + 1
             if attempt > max_attempts:
-                _lock(c, row["batch_id"])
-                c.execute(batch_items.update().where(batch_items.c.id == row["id"]).values(
+                c.execute(batch_items.update().where(batch_items.c.id == row["id"],
+                                                     batch_items.c.attempts == row["attempts"]).values(
                     state="failed", finished_at=now, lease_owner=None, lease_until=None, error_code="gave_up",
-                    error_message=f"tried {row['attempts']} times (batch.max_attempts); its servers stopped "
-                                  "or failed each time"))
+                    error_message=f"tried {row['attempts']} times (batch.max_attempts); its servers died or "
+                                  "stalled each time"))
+            else:
+                taken = c.execute(batch_items.update().where(batch_items.c.id == row["id"],
+                                                             batch_items.c.attempts == row["attempts"])
+                                  .values(state="running", attempts=attempt, lease_owner=server,
+                                          lease_until=now + timedelta(seconds=lease_s))).rowcount
+                if not taken:  # (SQLite: another writer changed it between the two statements)
+                    return None
+        if attempt > max_attempts:  # (the batch settles in a transaction of its own: its row is locked first)
+            with database_errors(), self.engine.begin() as c:
+                _lock(c, row["batch_id"])
                 _settle(c, row["batch_id"], now)
-                return None
-            taken = c.execute(batch_items.update().where(batch_items.c.id == row["id"],
-                                                         batch_items.c.attempts == row["attempts"])
-                              .values(state="running", attempts=attempt, lease_owner=server,
-                                      lease_until=now + timedelta(seconds=lease_s))).rowcount
-            if not taken:  # (SQLite: another writer changed it between the two statements)
-                return None
+            return None
         return Claim(row["id"], row["batch_id"], row["owner"], row["custom_id"], row["line"], row["request"], attempt)
 
     def renew(self, server: str, claims: list[Claim], lease_s: float) -> set[int]:
@@ -224,6 +228,10 @@ class BatchStore:
                 duration_s=duration_s, error_code=error_code, error_message=error_message)).rowcount
             if done:
                 _settle(c, claim.batch_id, now)
+            else:  # (a retry after a commit whose answer was lost finds it done already: that is ours)
+                done = c.execute(sa.select(sa.func.count()).where(
+                    batch_items.c.id == claim.id, batch_items.c.state == state, batch_items.c.attempts == claim.attempt,
+                    batch_items.c.lease_owner == server, batch_items.c.result_key == result_key)).scalar()
         return bool(done)
 
     def reclaim(self, server_prefix: str) -> int:
@@ -236,9 +244,11 @@ class BatchStore:
 
     def release(self, claim: Claim, server: str) -> None:
         """Give a claimed item back unfinished (this server is stopping, a store is down): queued again
-        at once, its attempt counted (an attempt number, and so a result's key, is never used twice)."""
+        at once, the attempt not counted against batch.max_attempts (only attempts whose server died
+        or stalled are). Result keys carry a token of their own: a number used again names another file."""
         with database_errors(), self.engine.begin() as c:
-            c.execute(_mine(claim, server).values(state="queued", lease_owner=None, lease_until=None))
+            c.execute(_mine(claim, server).values(state="queued", lease_owner=None, lease_until=None,
+                                                  attempts=claim.attempt - 1))
 
     def items(self, batch_id: str, owner: str, states: tuple[str, ...]) -> Iterator[dict[str, Any]]:
         """The batch's items in these states, in input order (read in pages: a large batch is never all in memory)."""
@@ -272,13 +282,13 @@ class BatchStore:
         now = now_utc()
         n = 0
         with database_errors(), self.engine.connect() as c:
-            open_ = c.execute(sa.select(batches.c.id, batches.c.status, batches.c.expires_at).where(
-                batches.c.status.in_(("in_progress", "cancelling")))).all()
-        for batch_id, status, expires_at in open_:
-            if in_utc(expires_at) >= now and status != "cancelling":
-                continue
+            due = c.execute(sa.select(batches.c.id).where(sa.or_(
+                batches.c.status == "cancelling", sa.and_(batches.c.status == "in_progress", batches.c.expires_at < now)
+            ))).scalars().all()
+        for batch_id in due:
             with database_errors(), self.engine.begin() as c:
                 _lock(c, batch_id)
+                status = c.execute(sa.select(batches.c.status).where(batches.c.id == batch_id)).scalar()
                 if status == "cancelling":
                     c.execute(batch_items.update().where(batch_items.c.batch_id == batch_id, _free(now)).values(
                         state="cancelled", finished_at=now, lease_until=None, error_code="cancelled",

@@ -123,13 +123,13 @@ batches = sa.Table(
 batch_items = sa.Table(
     "batch_items", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("batch_id", sa.String(40), nullable=False, index=True),
+    sa.Column("batch_id", sa.String(40), nullable=False),
     sa.Column("owner", sa.String(128), nullable=False),
     sa.Column("line", sa.Integer, nullable=False),  # of the input (1-based)
     sa.Column("custom_id", sa.String(256), nullable=False),
     sa.Column("request", sa.JSON, nullable=False),  # text, voice, response_format and options, as validated
     # queued, running (leased), completed, failed, cancelled, expired
-    sa.Column("state", sa.String(16), nullable=False, index=True),
+    sa.Column("state", sa.String(16), nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False),
     sa.Column("lease_owner", sa.String(160), nullable=True),
     sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
@@ -142,6 +142,8 @@ batch_items = sa.Table(
     sa.Column("error_code", sa.String(64), nullable=True),
     sa.Column("error_message", sa.Text, nullable=True),
     sa.UniqueConstraint("batch_id", "custom_id", name="uq_batch_items_custom_id"),
+    sa.Index("ix_batch_items_batch_id", "batch_id", "state"),  # a batch's counts, its files in order
+    sa.Index("ix_batch_items_state", "state", "owner"),  # what is there to claim, whose
 )
 
 

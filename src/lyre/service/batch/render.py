@@ -23,7 +23,7 @@ import numpy as np
 
 from lyre.audio.formats import AudioEncoder
 from lyre.core.lanes import EVICTED
-from lyre.core.session import CANCELLED, FAILED, FINISHED, Segment, Session
+from lyre.core.session import CANCELLED, FAILED, Segment, Session
 from lyre.engine.base import SamplingParams
 from lyre.errors import ServiceUnavailable, SynthesisCancelled, TextTooLong
 from lyre.model import orpheus
@@ -39,6 +39,7 @@ class Rendered:
     size: int  # bytes
     duration_s: float  # of the audio as heard (after its speed)
     evictions: int  # segments generated again because the lane gave their slot to a live caller
+    audit: Any = None  # the attempt's audit entry, still open: completed once the item is (the runner's)
 
 
 def segments_of(tts: Any, text: str, voice: Any, options: dict[str, Any], account: str
@@ -62,7 +63,9 @@ def segments_of(tts: Any, text: str, voice: Any, options: dict[str, Any], accoun
 async def render(tts: Any, claim: Any, path: Path) -> Rendered:
     """Synthesise ``claim``'s item into ``path`` (created or truncated). Raises what ends it: a
     LyreError for the item (it fails), ServiceUnavailable (this server is stopping: the item is
-    given back), CancelledError (its batch was cancelled or its lease lost)."""
+    given back), CancelledError (its batch was cancelled or its lease lost). On success its audit
+    row is left open: the runner completes it once the item is (an attempt whose result is never
+    shown is no completed synthesis)."""
     req, account = claim.request, claim.owner
     voice = await tts.voices.resolve(req["voice"], account)
     segments, params = await asyncio.to_thread(segments_of, tts, req["text"], voice, req["options"], account)
@@ -77,6 +80,7 @@ async def render(tts: Any, claim: Any, path: Path) -> Rendered:
                            mark=tts.marker() if speed != 1.0 else None)  # (marked again after a tempo change)
     samples = evictions = 0
     outcome, reason = FAILED, "error"
+    done = False
     try:
         await audit.recorded()  # no audio is kept before its audit row is written
         with open(path, "wb") as out:
@@ -97,15 +101,16 @@ async def render(tts: Any, claim: Any, path: Path) -> Rendered:
             await asyncio.to_thread(_write, out, lambda _: encoder.finish(), None)
         if req["response_format"] == "wav":
             _wav_sizes(path)
-        outcome, reason = FINISHED, None
+        digest, size = await asyncio.to_thread(_digest, path)
+        done = True
     except (asyncio.CancelledError, SynthesisCancelled, ServiceUnavailable):
         outcome, reason = CANCELLED, "cancelled"
         raise
     finally:
         encoder.close()
-        audit.finish(outcome, reason)
-    digest, size = await asyncio.to_thread(_digest, path)
-    return Rendered(digest, size, samples / orpheus.SAMPLE_RATE / speed, evictions)
+        if not done:
+            audit.finish(outcome, reason)
+    return Rendered(digest, size, samples / orpheus.SAMPLE_RATE / speed, evictions, audit)
 
 
 async def _segment(tts: Any, seg: Segment, params: SamplingParams, account: str) -> np.ndarray:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lyre.config import LyreConfig
+from lyre.core.session import CANCELLED, FINISHED
 from lyre.errors import DatabaseError, LyreError, ServiceUnavailable
 from lyre.service.batch.render import render
 from lyre.storage.batches import BatchStore, Claim, now_utc
@@ -53,6 +54,7 @@ class BatchRunner:
         self.wake = asyncio.Event()  # a batch was submitted here, or an item ended: look for work now
         self._turn = 0
         self._last_upkeep = float("-inf")
+        self._giving_back: set[asyncio.Task] = set()  # (held: a pending task nobody refers to may be dropped)
         self._started: set[int] = set()  # items whose task has begun (a task cancelled before it began never runs)
         self._resume_at = 0.0  # (loop time) no claims before it: backing off after a failure not an item's
         self._tasks: list[asyncio.Task] = []
@@ -69,6 +71,7 @@ class BatchRunner:
         for _, task in list(self.running.values()):
             task.cancel()
         await asyncio.gather(*self._tasks, *(t for _, t in list(self.running.values())), return_exceptions=True)
+        await asyncio.gather(*list(self._giving_back), return_exceptions=True)
 
     # --- claiming ----------------------------------------------------------------------------------
 
@@ -86,16 +89,17 @@ class BatchRunner:
         loop = asyncio.get_running_loop()
         while True:
             pause = self.cfg.poll_s
-            try:
-                await self._upkeep()
-                if self.cfg.enabled and loop.time() >= self._resume_at:
-                    await self._fill()
-            except (DatabaseError, OSError, ServiceUnavailable) as e:
-                log.warning("batch: cannot look for items now (%s); trying again in %.0f s", e, BACKOFF_S)
-                pause = BACKOFF_S
-            except Exception:  # noqa: BLE001 - the loop goes on whatever one round met
-                log.exception("batch: claiming failed; trying again in %.0f s", BACKOFF_S)
-                pause = BACKOFF_S
+            for step in (self._upkeep, self._fill):  # (apart: an upkeep that keeps failing never stops claiming)
+                if step == self._fill and not (self.cfg.enabled and loop.time() >= self._resume_at):
+                    continue
+                try:
+                    await step()
+                except (DatabaseError, OSError, ServiceUnavailable) as e:
+                    log.warning("batch: %s failed (%s); trying again in %.0f s", step.__name__.strip("_"), e, BACKOFF_S)
+                    pause = BACKOFF_S
+                except Exception:  # noqa: BLE001 - the loop goes on whatever one round met
+                    log.exception("batch: %s failed; trying again in %.0f s", step.__name__.strip("_"), BACKOFF_S)
+                    pause = BACKOFF_S
             self.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), max(pause, self._resume_at - loop.time()))
@@ -103,6 +107,9 @@ class BatchRunner:
     async def _fill(self) -> None:
         """Claim items while this server has room, accounts in turn (each within its batch_slots)."""
         if len(self.running) >= self.max_running or not self.tts.ready:
+            return
+        stats = self.tts.stats()
+        if stats is not None and stats.scheduler.batch_waiting:  # the lane takes nothing now: claim nothing more
             return
         accounts = await asyncio.to_thread(self.store.waiting_accounts)
         while accounts and len(self.running) < self.max_running:
@@ -127,7 +134,9 @@ class BatchRunner:
             del self.running[claim.id]
             self.by_account[claim.owner] -= 1
         if task.cancelled() and claim.id not in self._started:  # never ran: give it back
-            asyncio.get_running_loop().create_task(self._give_back(claim))
+            back = asyncio.get_running_loop().create_task(self._give_back(claim))
+            self._giving_back.add(back)
+            back.add_done_callback(self._giving_back.discard)
         self._started.discard(claim.id)
         self.wake.set()
 
@@ -157,11 +166,14 @@ class BatchRunner:
         # still running in a worker thread can never overwrite it
         key = f"{claim.batch_id}/{claim.line:06d}-{claim.attempt}-{secrets.token_hex(3)}.{ext}"
         temp = self.scratch / f"{claim.id}-{claim.attempt}-{secrets.token_hex(4)}.part"
+        done = None
         try:
             try:
                 done = await render(self.tts, claim, temp)
                 await asyncio.to_thread(self.results.publish, temp, key)
             except (DatabaseError, ServiceUnavailable, OSError) as e:  # not the item's fault: it goes back
+                if done is not None:
+                    done.audit.finish(CANCELLED, "cancelled")
                 log.warning("batch item %s/%s given back: %s", claim.batch_id, claim.custom_id, e)
                 self._back_off()
                 await self._give_back(claim)
@@ -175,8 +187,12 @@ class BatchRunner:
                 if await self._finish(claim, state="failed", error_code=e.code, error_message=str(e)):
                     self._count("failed")
                 return
-            ok = await self._finish(claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
-                                    duration_s=done.duration_s)
+            ok = False
+            try:
+                ok = await self._finish(claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
+                                        duration_s=done.duration_s)
+            finally:  # (the audit row says completed only for the attempt whose result is the item's)
+                done.audit.finish(FINISHED if ok else CANCELLED, None if ok else "cancelled")
             if not ok:  # our lease was lost meanwhile: another attempt's result is (or will be) the one shown
                 log.warning("batch item %s/%s: lease lost before it completed; its audio is discarded",
                             claim.batch_id, claim.custom_id)
@@ -196,14 +212,22 @@ class BatchRunner:
                                    error_message="the server failed on this item (its log says why)")
         finally:
             temp.unlink(missing_ok=True)
+            if done is not None:  # (an attempt cut short: its row says so; a no-op once the row is complete)
+                done.audit.finish(CANCELLED, "cancelled")
 
     async def _finish(self, claim: Claim, **values: Any) -> bool:
-        """End the item in the database, retrying while the database is away (the lease is renewed
-        meanwhile: the item stays this server's); False when the lease was lost."""
+        """End the item in the database, retrying for up to ``lease_s`` while the database is away (the
+        lease is renewed meanwhile: the item stays this server's); False when the lease was lost (or
+        never came back: any server then takes the item again)."""
+        give_up = asyncio.get_running_loop().time() + self.cfg.lease_s
         while True:
             try:
                 return await asyncio.to_thread(self.store.finish, claim, self.server, **values)
             except DatabaseError as e:
+                if asyncio.get_running_loop().time() > give_up:
+                    log.warning("batch item %s/%s: its end could not be recorded (%s); it will run again",
+                                claim.batch_id, claim.custom_id, e)
+                    return False
                 log.warning("batch item %s/%s: cannot record its end yet (%s)", claim.batch_id, claim.custom_id, e)
                 await asyncio.sleep(BACKOFF_S)
 

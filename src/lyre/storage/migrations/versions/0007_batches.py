@@ -56,8 +56,8 @@ def upgrade() -> None:
         sa.Column("error_message", sa.Text, nullable=True),
         sa.UniqueConstraint("batch_id", "custom_id", name="uq_batch_items_custom_id"),
     )
-    op.create_index("ix_batch_items_batch_id", "batch_items", ["batch_id"])
-    op.create_index("ix_batch_items_state", "batch_items", ["state"])
+    op.create_index("ix_batch_items_batch_id", "batch_items", ["batch_id", "state"])
+    op.create_index("ix_batch_items_state", "batch_items", ["state", "owner"])
 
 
 def downgrade() -> None:
