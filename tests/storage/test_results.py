@@ -191,6 +191,7 @@ def test_s3_keys_are_relative_to_the_prefix(s3_endpoint, tmp_path):
     assert other.delete_prefix("") == 1
 
 
+@pytest.mark.slow  # (1,001 uploads to moto: 5 s)
 def test_s3_lists_and_deletes_past_one_page(s3_endpoint, tmp_path):
     store = s3_store(s3_endpoint, tmp_path)
     client = boto3.session.Session().client("s3", endpoint_url=s3_endpoint)
