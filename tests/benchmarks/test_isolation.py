@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from lyre.benchmarks.isolation import ATTACKS
 from tests.support.narrow_codec import narrow_codec
 
 
+@pytest.mark.slow  # (a benchmark run, ~50 s: the isolation itself is held by tests/api/test_account_quotas.py and test_connections.py)
 def test_the_quick_isolation_run_measures_every_phase_and_stops_every_attacker(bench, tmp_path, demo_dir):
     out = tmp_path / "isolation.json"
     run = bench("--mode", "isolation", "--quick", "--set", f"model.demo_dir={demo_dir}",

@@ -22,6 +22,7 @@ LENIENT = "success=1.0,ttfb_p95_ms=60000"  # every level meets it: the search mu
 LENIENT_PCM = LENIENT + ",underruns=100000"  # (underruns are measured on PCM only)
 
 
+@pytest.mark.slow  # (a benchmark run, ~20 s)
 def test_scaling_with_slo_search_plot_and_peer(bench, server, tmp_path):
     out, png = tmp_path / "scaling.json", tmp_path / "scaling.png"
     run = bench("--mode", "scaling", "--levels", "1,2", "--requests", "2", "--find-max", "--slo", LENIENT_PCM,
@@ -156,6 +157,7 @@ def test_tuning_mode_restarts_the_server_per_setting_and_names_the_best(bench, t
     assert "best: {" in run.stdout
 
 
+@pytest.mark.slow  # (a server per setting, ~17 s)
 def test_one_server_per_setting_at_one_setting_each(bench, tmp_path):
     """The options that start a server per setting (codec mode, kept prefix), at one setting each,
     on one server: the codec's cost per frame, and a cloned voice's reference kept after its first use."""

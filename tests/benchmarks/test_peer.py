@@ -48,6 +48,7 @@ def _tensors(reader) -> dict:
     return {t.name: t for t in reader.tensors}
 
 
+@pytest.mark.slow  # (the llama.cpp peer's export, ~15 s)
 def test_gguf_holds_every_weight_in_llama_cpp_layout(demo_dir, exported, read):
     cfg = checkpoint.read_llama_config(demo_dir / "llama")
     weights = checkpoint.load_llama_weights(demo_dir / "llama", cfg, dtype=torch.float32)
@@ -71,6 +72,7 @@ def test_gguf_holds_every_weight_in_llama_cpp_layout(demo_dir, exported, read):
     assert exported["q8_0"].stat().st_size < 0.3 * exported["f32"].stat().st_size
 
 
+@pytest.mark.slow  # (reads the exported GGUF)
 def test_gguf_vocabulary_is_the_checkpoints(demo_dir, demo_tokenizer, read):
     reader = read["f32"]
     tokens = reader.fields["tokenizer.ggml.tokens"]

@@ -40,6 +40,7 @@ def check_every_phase(r: dict, requests: int, burst: int) -> None:
     assert r["log_errors"] == [] and drain["log_errors"] == []
 
 
+@pytest.mark.slow  # (a benchmark run, ~20 s: the answers it checks are tests/text/test_hostile_served.py's and test_fuzz.py's)
 def test_a_small_soak_runs_every_phase_and_leaves_nothing_behind(bench, tmp_path, demo_dir):
     """The mode end to end at a small size (the codec's ~60 ms per frame on CPU is most of its cost):
     12 one-frame requests, a burst of 2x a capacity of 4, 5 fuzz examples per surface, a drain of 2."""

@@ -67,6 +67,7 @@ def test_generated_requests_get_the_answers_the_document_describes(server):
     assert generated(run) >= operations * 10  # it ran: every operation got requests
 
 
+@pytest.mark.slow  # (the fuzz's own check that it can fail, ~16 s)
 def test_an_answer_the_document_does_not_list_fails_the_run(server, tmp_path):
     """The check can fail: with 422 taken out of the document, speech's out-of-range answers are caught."""
     doc = json.loads(json.dumps(document()))
