@@ -32,6 +32,7 @@ def test_on_a_machine_without_a_gpu_it_stops_at_the_environment_stage_saying_so(
     assert "the report is" in out.stdout
 
 
+@pytest.mark.slow  # (every stage end to end, ~30 s: each stage has its own tests in test_stages.py)
 def test_every_stage_passes_against_engines_that_compute_what_the_checkpoint_does(tmp_path):
     calls: list = []
     report = run(context(tmp_path, fake_kit(calls=calls)), "python -m lyre.gpucheck", say=lambda _: None)
