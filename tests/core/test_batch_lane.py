@@ -113,3 +113,26 @@ def test_batch_decodes_only_while_every_live_session_holds_batch_live_slack_s():
     new = playing("new", 5.0, tokens=3)
     assert not BatchLane.may_decode([comfortable, new], is_new, 0.0, cfg.batch_live_slack_s)  # one waits for audio
     assert BatchLane.may_decode([], is_new, 0.0, cfg.batch_live_slack_s)  # no live work: the lane has the engine
+
+
+def test_a_live_session_waiting_for_its_own_accounts_quota_does_not_hold_the_lane_back():
+    from lyre.config import load_config
+    from lyre.core.admission import AdmissionGate
+    from lyre.core.scheduler import Scheduler
+    from lyre.trust.quotas import Limits
+    from tests.support.fakes import FakeClock, FakeTokenEngine, silent_pipeline
+
+    cfg = load_config(None, {"scheduler.max_concurrent_sessions": 4, "scheduler.max_batch_size": 4,
+                             "scheduler.reserved_slots": 0}).scheduler
+    one_slot = Limits(max_sessions=1, max_queued=10, max_ws_contexts=1, max_enrollments=1, max_verifies=1,
+                      chars_per_minute=0, weight=1.0)
+    gate = AdmissionGate(4, 10, lambda account: one_slot)
+    clock = FakeClock()
+    sch = Scheduler(cfg, FakeTokenEngine(capacity=4, max_batch_size=4, tokens_per_request=400), silent_pipeline(),
+                    gate, clock=clock)
+    first, _ = open_session(sch, gate, clock, "first")
+    second, _ = open_session(sch, gate, clock, "second")  # waits for its account's one slot, not for a free one
+    b, _ = open_batch(sch, clock, "b")
+    run(sch, clock, 30)  # (past the first session's first-audio priority)
+    assert first.status == "active" and second.status == "pending"
+    assert b.status == "active"  # the lane takes a slot nobody else can use now
