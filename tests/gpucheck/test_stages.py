@@ -53,11 +53,13 @@ class WindowedPenaltyExecutor(ModelExecutor):
         return super()._advance(r, logits)
 
 
+@pytest.mark.slow  # (~9 s: the stage's own run)
 def test_the_cloned_stage_fails_when_its_control_cannot_tell_the_penalties_apart(built):
     with pytest.raises(StageFailed, match="cannot tell the two penalties apart"):
         stages.stage_cloned(with_executor(built, WindowedPenaltyExecutor))
 
 
+@pytest.mark.slow  # (~5 s)
 def test_the_cloned_stage_fails_when_the_server_sets_the_executors_penalty_too(built, monkeypatch):
     """The defect the stage is there for: the executor's penalty (which covers the reference codes in
     the prompt) on top of Lyre's. The greedy tokens part from the PyTorch engine's."""

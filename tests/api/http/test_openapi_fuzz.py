@@ -28,7 +28,7 @@ from lyre.api.http.openapi import document
 from tests.support.paths import REPO_ROOT
 from tests.support.servers import serve_in_process
 
-EXAMPLES = int(os.environ.get("LYRE_SCHEMATHESIS_EXAMPLES", "20"))
+EXAMPLES = int(os.environ.get("LYRE_SCHEMATHESIS_EXAMPLES", "15"))
 SEED = int(os.environ.get("LYRE_SCHEMATHESIS_SEED", "1"))
 CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
           "response_headers_conformance", "response_schema_conformance", "negative_data_rejection",

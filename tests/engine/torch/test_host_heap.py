@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 # one process per setting (mallopt is process-wide): page faults of full-vocabulary sampling steps
 # at 32 rows (the penalty and the draw allocate several 20 MB (batch, vocabulary) temporaries)
 PROBE = """
@@ -30,6 +32,7 @@ def _faults(mode: str) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow  # (~7 s of steps to measure page faults)
 def test_freed_step_memory_is_reused_instead_of_faulted_in_again():
     four_steps = 4 * 32 * 156940 * 4 // 4096  # pages of one (batch, vocabulary) tensor a step: ~19,600
     assert _faults("default") > four_steps  # glibc gives much of it back to the kernel every step (seen: 39k-98k)
