@@ -3,13 +3,16 @@ the codec). Everything else talks to it by message."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from lyre.core.scheduler import Scheduler
 from lyre.core.session import FAILED
+from lyre.errors import ServiceUnavailable
 
 log = logging.getLogger("lyre.service")
 
@@ -40,6 +43,24 @@ class EngineLoop:
                 return False
             self.inbox.put(fn)
             return True
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the engine thread between steps and return its result (or raise what it raised)
+        to the awaiting coroutine; ServiceUnavailable once the loop is closing."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn()
+            except Exception as e:  # handed to the caller
+                loop.call_soon_threadsafe(done.set_exception, e)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        if not self.post(run):
+            raise ServiceUnavailable("the service is shutting down")
+        return await done
 
     def request_stop(self) -> None:
         """Refuse new messages from now on; the loop runs what is queued, then shuts the scheduler down."""

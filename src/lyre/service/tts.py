@@ -383,19 +383,7 @@ class TTSService:
 
     async def on_engine_thread(self, fn: Callable[[], Any]) -> Any:
         """Run ``fn`` on the engine thread between steps and return its result (for inspection)."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
-
-        def call() -> None:
-            try:
-                result = fn()
-            except Exception as e:  # handed to the caller
-                loop.call_soon_threadsafe(done.set_exception, e)
-            else:
-                loop.call_soon_threadsafe(done.set_result, result)
-
-        self._loop.post(call)
-        return await done
+        return await self._loop.call(fn)
 
     # --- observability --------------------------------------------------------------------------
 
