@@ -260,7 +260,8 @@ class Scheduler:
                 s.status = ACTIVE
                 self.active[s.session_id] = s
                 self.active_by_account[s.account] += 1
-        self._evict_for_live()
+        waiting = self._live_waiting()  # (live sessions a slot is wanted for: the lane yields to them)
+        self._evict_for_live(waiting)
         stats = self.engine.stats()
         spare = self.engine.capacity - stats.active - stats.waiting
         for s in list(self.active.values()):
@@ -269,16 +270,16 @@ class Scheduler:
             # look-ahead one segment, only into spare slots beyond those reserved for new sessions
             if one_ahead and spare > self.cfg.reserved_slots and self._submit_segment(s, k):
                 spare -= 1
-        if not any(self.policy.is_new(s) for s in self.active.values()) and not self._live_waiting():
+        if not any(self.policy.is_new(s) for s in self.active.values()) and not waiting:
             # (no batch prefill beside a first audio; no slot taken that a live session waits for)
             self.batch.admit(self.engine, self.cfg.reserved_slots, lambda s: self._submit_segment(s, 0))
 
-    def _evict_for_live(self) -> None:
-        """Live sessions wait with room in their accounts' quotas but no slot is free: evict as many
-        batch sessions (their slots are free at the next engine step)."""
-        if self.pending and self.batch.active:
+    def _evict_for_live(self, waiting: int) -> None:
+        """``waiting`` live sessions wait with room in their accounts' quotas but no slot is free: evict as
+        many batch sessions (their slots are free at the next engine step)."""
+        if waiting and self.batch.active:
             now = self.clock()
-            self.batch.evict(self._live_waiting(), lambda victim: self._end(victim, CANCELLED, EVICTED, now))
+            self.batch.evict(waiting, lambda victim: self._end(victim, CANCELLED, EVICTED, now))
 
     def _live_waiting(self) -> int:
         """Pending live sessions whose accounts have room for them in their max_sessions (the others

@@ -98,7 +98,7 @@ async def render(tts: Any, claim: Any, path: Path) -> Rendered:
                 audit.add_pcm(pcm)
                 samples += pcm.size
                 await asyncio.to_thread(_write, out, encoder.encode, pcm)
-            await asyncio.to_thread(_write, out, lambda _: encoder.finish(), None)
+            await asyncio.to_thread(_write, out, lambda _: encoder.finish(), None)  # (the encoder's tail)
         if req["response_format"] == "wav":
             _wav_sizes(path)
         digest, size = await asyncio.to_thread(_digest, path)
