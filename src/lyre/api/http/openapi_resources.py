@@ -70,13 +70,15 @@ def _batches() -> dict[str, Any]:
                  "description": "a batch's id (batch_ + 24 characters)"}]
     jsonl = {"content": {"application/jsonl": {"schema": {"type": "string"}}}, "description": "JSONL, one object a line"}
     body = {"required": True, "description": "the JSONL input itself: one item a line (docs/batch.md)",
-            "content": {t: {"schema": {"type": "string"}} for t in ("application/jsonl", "application/x-ndjson",
-                                                                     "text/plain")}}
-    query = [{"name": "completion_window", "in": "query", "required": False, "schema": {"type": "string"},
+            "content": {t: {"schema": {"type": "string", "minLength": 1}}
+                        for t in ("application/jsonl", "application/x-ndjson", "text/plain")}}
+    query = [{"name": "completion_window", "in": "query", "required": False,
+              "schema": {"type": "string", "pattern": "^[0-9]{1,9}[smhd]$"},
               "description": "how long its items may wait: <n>s|m|h|d (default batch.completion_window, 24h)"},
              {"name": "metadata", "in": "query", "required": False, "schema": {"type": "string"},
               "description": "a JSON object of up to 16 string pairs"},
-             {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"},
+             {"name": "Idempotency-Key", "in": "header", "required": False,
+              "schema": {"type": "string", "minLength": 1, "maxLength": 255},
               "description": "a resubmission with the same key and input answers the same batch"}]
     page = [{"name": "after", "in": "query", "required": False, "schema": {"type": "string"}},
             {"name": "limit", "in": "query", "required": False,

@@ -28,7 +28,7 @@ from lyre.storage.batches import ENDED_ITEM, BatchStore
 from lyre.storage.registry import in_utc
 from lyre.storage.results import ResultStore
 
-WINDOW = re.compile(r"(\d{1,9})([smhd])")
+WINDOW = re.compile(r"([0-9]{1,9})([smhd])")  # (ASCII digits: int() would read other scripts' too)
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_METADATA = 16  # OpenAI's: 16 pairs, keys of 64 characters, values of 512
 
