@@ -1,17 +1,21 @@
 """The batch store on each real database (SQLite, PostgreSQL): only the current lease's holder ends an
 item; a lost lease is taken by another server and the first one's result refused; attempts are never
 reused and an item tried batch.max_attempts times fails; a cancelled batch whose items nobody runs
-any more settles; two servers claiming at once never take the same item."""
+any more settles; two servers claiming at once never take the same item; the attempt whose result
+is the item's has its audit row completed in the item's own transaction."""
 
 from __future__ import annotations
 
 import threading
 from datetime import timedelta
 
+import numpy as np
 import sqlalchemy as sa
 
 from lyre.storage.batches import BatchStore
-from lyre.storage.db import batch_items, batches, open_database
+from lyre.storage.db import audit, batch_items, batches, open_database
+from lyre.trust.audit_entry import AuditEntry
+from lyre.trust.audit_spool import apply
 
 
 def make(database_url: str, n: int = 3, owner: str = "acme") -> tuple[BatchStore, str]:
@@ -72,6 +76,40 @@ def test_a_retried_end_whose_first_commit_went_through_is_ours(database_url):
     assert store.finish(claim, "a/1", **values)
     assert store.finish(claim, "a/1", **values)  # (its answer was lost: the retry must not disown the result)
     assert not store.finish(claim, "a/1", **{**values, "result_key": "k2"})
+
+
+class Held:
+    """An audit trail whose writer never runs (the server is killed before it writes the end)."""
+
+    instance = "host:0"
+
+    def __init__(self):
+        self.ops = []
+
+    def record(self, op, taken=None):
+        self.ops.append(op)
+
+
+def test_the_audit_row_of_the_attempt_that_completes_an_item_is_completed_with_it(database_url):
+    store, batch_id = make(database_url, n=1)
+    trail = Held()
+    attempts = []
+    for owner in ("a/1", "b/1"):
+        claim = store.claim(owner, 30.0, "acme", 5)
+        entry = AuditEntry(trail, "acme", "tara", "batch", trace=f"{batch_id}/r0")
+        entry.begin()
+        apply(store.engine, [trail.ops[-1]])  # its start row was written before its audio
+        entry.add_pcm(np.ones(2400, dtype=np.int16))
+        attempts.append((owner, claim, entry))
+        age_leases(store, 60)  # (a stalls: b takes the item over)
+    for owner, claim, entry in attempts:  # a's end is refused; b's completes the item and its audit row at once
+        store.finish(claim, owner, state="completed", result_key=owner, sha256="1" * 64, size=1, duration_s=0.1,
+                     audit_end=(entry.entry_id, entry.ending("finished")))
+    with store.engine.connect() as c:
+        rows = dict(c.execute(sa.select(audit.c.entry_id, audit.c.outcome).where(audit.c.trace == f"{batch_id}/r0")).all())
+        seconds = c.execute(sa.select(audit.c.audio_seconds).where(audit.c.entry_id == attempts[1][2].entry_id)).scalar()
+    assert rows == {attempts[0][2].entry_id: "started", attempts[1][2].entry_id: "completed"}
+    assert seconds == 0.1  # (2,400 samples at 24 kHz)
 
 
 def test_a_cancelled_batch_whose_running_item_lost_its_server_settles(database_url):

@@ -26,7 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from lyre.errors import IdempotencyConflict, QuotaExceeded, UnknownBatch
-from lyre.storage.db import batch_items, batches
+from lyre.storage.db import audit, batch_items, batches
 from lyre.storage.registry import database_errors, in_utc
 
 BATCH_ID_PATTERN = re.compile(r"batch_[A-Za-z0-9_-]{24}")
@@ -217,9 +217,12 @@ class BatchStore:
 
     def finish(self, claim: Claim, server: str, *, state: str, result_key: str | None = None,
                sha256: str | None = None, size: int | None = None, duration_s: float | None = None,
-               error_code: str | None = None, error_message: str | None = None) -> bool:
+               error_code: str | None = None, error_message: str | None = None,
+               audit_end: tuple[str, dict[str, Any]] | None = None) -> bool:
         """End the item (completed or failed) if our lease is still the current one; False when it is
-        not (its result must not be shown). Settles the batch when it was the last item."""
+        not (its result must not be shown). Settles the batch when it was the last item.
+        ``audit_end`` (the attempt's audit entry id and its end values) completes its audit row in the
+        same transaction: a crash can never leave a completed item whose row says otherwise."""
         now = now_utc()
         with database_errors(), self.engine.begin() as c:
             _lock(c, claim.batch_id)  # (two last items ending at once: the second sees the first's end)
@@ -228,6 +231,8 @@ class BatchStore:
                 duration_s=duration_s, error_code=error_code, error_message=error_message)).rowcount
             if done:
                 _settle(c, claim.batch_id, now)
+                if audit_end is not None:  # (no row yet when its start was spooled: the trail's end op completes it)
+                    c.execute(audit.update().where(audit.c.entry_id == audit_end[0]).values(**audit_end[1]))
             else:  # (a retry after a commit whose answer was lost finds it done already: that is ours)
                 done = c.execute(sa.select(sa.func.count()).where(
                     batch_items.c.id == claim.id, batch_items.c.state == state, batch_items.c.attempts == claim.attempt,

@@ -85,21 +85,27 @@ class AuditEntry:
         if self._recorded is not None and not self._recorded.done():
             await asyncio.shield(self._recorded)  # (shared by the utterance's pieces: one cancelled waiter is no more)
 
-    def finish(self, outcome: str, reason: str | None = None) -> None:
-        """Complete the row for how the synthesis ended (the scheduler's outcome and reason; once)."""
+    def ending(self, outcome: str, reason: str | None = None) -> dict[str, Any]:
+        """The values that complete the row for how the synthesis ended (what :meth:`finish` writes;
+        a batch item's are also written in the transaction that completes the item)."""
+        outcome, reason = row_outcome(outcome, reason)
+        return {"outcome": outcome, "reason": reason, "audio_seconds": self.samples / orpheus.SAMPLE_RATE,
+                "text_sha256": self._text.hexdigest(), "pcm_sha256": self._pcm.hexdigest(),
+                "ended": datetime.now(timezone.utc)}
+
+    def finish(self, outcome: str, reason: str | None = None, ending: dict[str, Any] | None = None) -> None:
+        """Complete the row for how the synthesis ended (the scheduler's outcome and reason, or the
+        :meth:`ending` computed before; once)."""
         if self.done:
             return
         self.done = True
         if self.trail is None:
             return
-        outcome, reason = row_outcome(outcome, reason)
-        ending = {"outcome": outcome, "reason": reason, "audio_seconds": self.samples / orpheus.SAMPLE_RATE,
-                  "text_sha256": self._text.hexdigest(), "pcm_sha256": self._pcm.hexdigest(),
-                  "ended": datetime.now(timezone.utc)}
+        ending = ending or self.ending(outcome, reason)
         if self.begun:
             self.trail.record({"op": "end", "entry_id": self.entry_id, "values": ending})
         else:  # it ended before it started (refused, or an utterance cancelled before any piece)
-            self.trail.record({"op": "row", "row": {**self._row(outcome, reason), **ending}})
+            self.trail.record({"op": "row", "row": {**self._row(ending["outcome"], ending["reason"]), **ending}})
 
     def _row(self, outcome: str, reason: str) -> dict[str, Any]:
         return {"time": self.started, "account": self.account, "voice": self.voice, "protocol": self.protocol,

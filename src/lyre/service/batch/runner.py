@@ -188,11 +188,18 @@ class BatchRunner:
                     self._count("failed")
                 return
             ok = False
+            # the audit row says completed only for the attempt whose result is the item's, and is completed in
+            # the item's own transaction (the trail's writer would lose it to a crash right after)
+            ending = done.audit.ending(FINISHED)
             try:
                 ok = await self._finish(claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
-                                        duration_s=done.duration_s)
-            finally:  # (the audit row says completed only for the attempt whose result is the item's)
-                done.audit.finish(FINISHED if ok else CANCELLED, None if ok else "cancelled")
+                                        duration_s=done.duration_s,
+                                        audit_end=(done.audit.entry_id, ending) if done.audit.begun else None)
+            finally:
+                if ok:
+                    done.audit.finish(FINISHED, ending=ending)
+                else:
+                    done.audit.finish(CANCELLED, "cancelled")
             if not ok:  # our lease was lost meanwhile: another attempt's result is (or will be) the one shown
                 log.warning("batch item %s/%s: lease lost before it completed; its audio is discarded",
                             claim.batch_id, claim.custom_id)
