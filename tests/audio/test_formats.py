@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import threading
 
 import av
 import numpy as np
@@ -213,6 +214,31 @@ def test_speed_one_is_the_plain_path(fmt):
 def test_a_speed_out_of_range_is_refused(speed):
     with pytest.raises(AudioFormatError, match="speed"):
         AudioEncoder("mp3", speed=speed)
+
+
+def test_closing_while_a_worker_thread_encodes_waits_for_it_to_return():
+    """The server closes an encoder when its caller goes away, maybe while a worker thread is inside
+    encode(): the codec is released after that call returns, never under it (a PyAV container
+    closed under an encode is a use-after-free); calls after the close encode nothing."""
+    entered, go = threading.Event(), threading.Event()
+
+    def gate(pcm: np.ndarray) -> np.ndarray:  # runs inside encode(), between the stretch and the codec
+        entered.set()
+        assert go.wait(30)
+        return pcm
+
+    pcm = speech_like(1.0)
+    expected = AudioEncoder("mp3", speed=1.5, mark=lambda x: x).encode(pcm)
+    encoder, got = AudioEncoder("mp3", speed=1.5, mark=gate), []
+    worker = threading.Thread(target=lambda: got.append(encoder.encode(pcm)))
+    worker.start()
+    assert entered.wait(30)
+    encoder.close()  # (the caller was cancelled: it does not wait for the worker)
+    go.set()
+    worker.join(30)
+    assert got == [expected] and len(expected) > 1000  # the call in progress encoded its chunk whole
+    assert encoder.encode(pcm) == b"" and encoder.finish() == b""
+    encoder.close()
 
 
 # WAV

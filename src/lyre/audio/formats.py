@@ -31,14 +31,17 @@ padding, WAV's sizes); container formats and WAV then return everything from ``f
 
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import struct
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from fractions import Fraction
 
 import numpy as np
 
+from lyre.audio.mp3info import MP3_DECODER_DELAY, mp3_info_frame
 from lyre.cpu import LEDGER
 from lyre.model import orpheus
 
@@ -199,48 +202,6 @@ class Stretch:
             self._graph.push(frame)
 
 
-_MP3_KBPS = (0, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320)  # MPEG-1 layer III
-_MP3_KBPS_LSF = (0, 8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 144, 160)  # MPEG-2 and 2.5
-_MP3_DECODER_DELAY = 529  # samples every MP3 decoder's synthesis filterbank adds
-
-
-def _crc16(data: bytes) -> int:
-    """CRC-16 (polynomial 0x8005, reflected, initial 0): the LAME tag's checksum."""
-    crc = 0
-    for byte in data:
-        crc ^= byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0xA001 if crc & 1 else crc >> 1
-    return crc
-
-
-def _mp3_info_frame(first_frame: bytes, encoder_delay: int) -> bytes:
-    """A LAME "Info" frame for the CBR MP3 stream that starts with ``first_frame``: an MPEG frame of
-    silence with the same version, sample rate and channels, whose Xing part has no frame count, byte
-    count or TOC (unknown while streaming) and whose LAME part carries ``encoder_delay`` and an end
-    padding of 0 (unknown). Its header leaves the "original" bit clear, as FFmpeg's own Xing frames
-    do, so it never passes for one of the audio frames."""
-    head = int.from_bytes(first_frame[:4], "big")
-    version, rate_index, mode = (head >> 19) & 3, (head >> 10) & 3, (head >> 6) & 3
-    rate = (44100, 48000, 32000)[rate_index] >> {3: 0, 2: 1, 0: 2}[version]
-    side_info = (17 if mode == 3 else 32) if version == 3 else (9 if mode == 3 else 17)
-    kbps = _MP3_KBPS if version == 3 else _MP3_KBPS_LSF
-    body = b"Info" + bytes(4)  # flags 0: no frames, bytes, TOC or quality fields
-    body += b"LAME3.100" + bytes(2 + 8 + 2)  # version; revision/VBR method, lowpass; ReplayGain; flags, bitrate
-    body += (min(max(encoder_delay, 0), 4095) << 12).to_bytes(3, "big")  # delay; end padding 0: unknown
-    body += bytes(4 + 4 + 2)  # misc, mp3gain, preset; music length, music CRC (unknown)
-    index = (head >> 12) & 15
-    while True:
-        size = (144000 if version == 3 else 72000) * kbps[index] // rate
-        if size >= 4 + side_info + len(body) + 2 or index == 14:
-            break
-        index += 1
-    header = 0xFFE00000 | version << 19 | 1 << 17 | 1 << 16 | index << 12 | rate_index << 10 | mode << 6
-    frame = header.to_bytes(4, "big") + bytes(side_info) + body
-    frame += _crc16(frame).to_bytes(2, "big")
-    return frame + bytes(size - len(frame))
-
-
 class AudioEncoder:
     def __init__(self, fmt: str, sample_rate: int | None = None, speed: float = 1.0, *, stream: bool = True,
                  mark: Callable[[np.ndarray], np.ndarray] | None = None, bitrate: int | None = None):
@@ -265,6 +226,9 @@ class AudioEncoder:
         self._codec = self._container = self._stream = self._sink = None
         self._pts = 0
         self._mp3_info = stream and fmt == "mp3"  # our Info frame goes ahead of the first mp3 frame
+        self._guard = threading.Lock()  # over the two fields below: close() may come while a worker thread encodes
+        self._users = 0  # encode/finish calls in progress
+        self._closed = False  # close() was called: the last call in progress releases the codec
         if fmt in ("mulaw", "alaw"):
             import av
 
@@ -290,7 +254,31 @@ class AudioEncoder:
                 and self._container is None)
 
     def close(self) -> None:
-        """Release the encoder without finishing (the stream was abandoned). Safe to call twice."""
+        """Release the encoder without finishing (the stream was abandoned). Safe to call twice, and
+        from another thread while a worker thread encodes (a caller cancelled while it waited): the
+        codec is then released when that call returns, never under it. Later calls return nothing."""
+        with self._guard:
+            self._closed = True
+            if self._users:
+                return
+        self._release()
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[bool]:
+        """Around each encode/finish: yields False once closed (nothing more is encoded)."""
+        with self._guard:
+            self._users += 1
+            open_ = not self._closed
+        try:
+            yield open_
+        finally:
+            with self._guard:
+                self._users -= 1
+                release = self._closed and not self._users
+            if release:
+                self._release()
+
+    def _release(self) -> None:
         if self._container is not None:
             try:
                 self._container.close()
@@ -301,8 +289,8 @@ class AudioEncoder:
 
     def encode(self, pcm: np.ndarray, last: bool = False) -> bytes:
         """Bytes for the int16 24 kHz ``pcm`` (possibly empty while an encoder fills a frame)."""
-        with LEDGER.measure("encoding"):
-            return self._encode_chunk(pcm, last)
+        with self._using() as open_, LEDGER.measure("encoding"):
+            return self._encode_chunk(pcm, last) if open_ else b""
 
     def _encode_chunk(self, pcm: np.ndarray, last: bool) -> bytes:
         pcm = np.ascontiguousarray(pcm, dtype=np.int16).reshape(-1)
@@ -320,6 +308,10 @@ class AudioEncoder:
     def finish(self) -> bytes:
         """Everything still buffered (the filter's and resampler's tails, the encoder's last frames,
         trailers; with ``stream=False``, the whole file)."""
+        with self._using() as open_:
+            return self._finish() if open_ else b""
+
+    def _finish(self) -> bytes:
         if self._stretch is not None or self._resampler is not None:
             out = self.encode(np.zeros(0, dtype=np.int16), last=True)
         else:
@@ -362,8 +354,8 @@ class AudioEncoder:
 
             first = packets[0]
             # libmp3lame stamps its first packet -(encoder delay + decoder delay)
-            delay = -first.pts - _MP3_DECODER_DELAY if first.pts is not None else 576
-            info = av.Packet(_mp3_info_frame(bytes(first), delay))
+            delay = -first.pts - MP3_DECODER_DELAY if first.pts is not None else 576
+            info = av.Packet(mp3_info_frame(bytes(first), delay))
             info.stream = self._stream
             self._container.mux(info)
             self._mp3_info = False
