@@ -69,6 +69,16 @@ def test_an_item_whose_servers_die_too_often_fails_but_give_backs_do_not_count(d
     assert store.get(batch_id, "acme")["status"] == "completed"  # (every item ended; the error file has it)
 
 
+def test_no_item_is_claimed_once_its_batchs_window_has_closed(database_url):
+    """(Before the upkeep has expired them: their batch still says in_progress.)"""
+    store, batch_id = make(database_url, n=2)
+    assert store.claim("a/1", 30.0, "acme", 5) is not None
+    with store.engine.begin() as c:
+        c.execute(batches.update().where(batches.c.id == batch_id).values(
+            expires_at=sa.select(batches.c.created_at).where(batches.c.id == batch_id).scalar_subquery()))
+    assert store.claim("a/1", 30.0, "acme", 5) is None
+
+
 def test_a_retried_end_whose_first_commit_went_through_is_ours(database_url):
     store, batch_id = make(database_url, n=1)
     claim = store.claim("a/1", 30.0, "acme", 5)

@@ -171,12 +171,12 @@ class BatchStore:
     def claim(self, server: str, lease_s: float, owner: str, max_attempts: int,
               exclude: tuple[int, ...] = ()) -> Claim | None:
         """Lease ``owner``'s next item to run: its oldest queued one (or one whose lease ran out) of a
-        batch in progress, not one of ``exclude`` (those this server runs); None when there is none. An
-        item tried ``max_attempts`` times already fails instead (an item that kills its server is not
-        retried for ever)."""
+        batch in progress whose completion window is still open, not one of ``exclude`` (those this
+        server runs); None when there is none. An item tried ``max_attempts`` times already fails
+        instead (an item that kills its server is not retried for ever)."""
         now = now_utc()
         query = (sa.select(batch_items).where(_free(now), batch_items.c.owner == owner, batch_items.c.batch_id.in_(
-            sa.select(batches.c.id).where(batches.c.status == "in_progress"))))
+            sa.select(batches.c.id).where(batches.c.status == "in_progress", batches.c.expires_at > now))))
         if exclude:
             query = query.where(batch_items.c.id.not_in(exclude))
         query = query.order_by(batch_items.c.id).limit(1).with_for_update(skip_locked=True)
