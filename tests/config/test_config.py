@@ -106,6 +106,8 @@ def test_override_adds_a_tuning_profile():
         ("scheduler.flush_first_n_tokens=35", ["codec.warmup_frames", "4", "flush_first_n_tokens / 7 (5)"]),
         ("scheduler.session_timeout_s=.inf", ["scheduler.session_timeout_s", "inf", "<= 86400"]),
         ("scheduler.max_buffer_s=0", ["scheduler.max_buffer_s", "0", "must be > 0.0"]),
+        ("batch.completion_window=1w", ["batch.completion_window", "'1w'", "24h, 90m or 3600s"]),
+        ("batch.completion_window=30d", ["batch.completion_window", "'30d'", "max_completion_window_s (604800 s)"]),
         ("scheduler=3", ["scheduler", "3", "mapping"]),
         ("novalue", ["novalue", "section.key=value"]),
     ],

@@ -115,6 +115,19 @@ def test_batch_decodes_only_while_every_live_session_holds_batch_live_slack_s():
     assert BatchLane.may_decode([], is_new, 0.0, cfg.batch_live_slack_s)  # no live work: the lane has the engine
 
 
+def test_the_lane_runs_beside_live_sessions_whose_buffer_is_smaller_than_batch_live_slack_s():
+    """A live session whose client reads no further ahead than it must stops at max_buffer_s of unread
+    audio: with max_buffer_s 0.5 s it never holds batch_live_slack_s (1 s), so the lane asks for half
+    the buffer instead of never running."""
+    sch, engine, clock, gate = make(capacity=2, batch=2, tokens=10_000, reserved_slots=0, max_buffer_s=0.5,
+                                    batch_live_slack_s=1.0)
+    live, _ = open_session(sch, gate, clock, "live", reads=False)
+    open_batch(sch, clock, "b")
+    run(sch, clock, 100, dt=0.002)  # 0.2 s of scripted time: it fills its buffer, then waits for its reader
+    assert live.throttled
+    assert any("b#0" in chosen for chosen in engine.chosen_log)
+
+
 def test_a_live_session_waiting_for_its_own_accounts_quota_does_not_hold_the_lane_back():
     from lyre.config import load_config
     from lyre.core.admission import AdmissionGate

@@ -7,7 +7,7 @@ import ipaddress
 import os
 from urllib.parse import urlsplit
 
-from lyre.config.schema import API_KEYS_ENV, LyreConfig
+from lyre.config.schema import API_KEYS_ENV, LyreConfig, window_seconds
 from lyre.config.validation import ConfigError
 from lyre.model.orpheus import (
     FRAME_TOKENS,
@@ -21,7 +21,7 @@ from lyre.model.orpheus import (
 
 def check(cfg: LyreConfig) -> None:
     """Raise :class:`ConfigError` for the first rule ``cfg`` breaks."""
-    for rule in (_server, _scheduler, _voices, _codec, _cloning, _build):
+    for rule in (_server, _scheduler, _batch, _voices, _codec, _cloning, _build):
         rule(cfg)
 
 
@@ -72,6 +72,15 @@ def _scheduler(cfg: LyreConfig) -> None:
             f"config key 'sampling.max_tokens' = {cfg.sampling.max_tokens} is out of range: must be < "
             f"kv_cache.max_seq_len ({cfg.kv_cache.max_seq_len}) to leave room for the prompt"
         )
+
+
+def _batch(cfg: LyreConfig) -> None:
+    b = cfg.batch
+    seconds = window_seconds(b.completion_window)
+    if seconds is None or not 0 < seconds <= b.max_completion_window_s:
+        raise ConfigError(f"config key 'batch.completion_window' = {b.completion_window!r} is not allowed: give a "
+                          f"duration such as 24h, 90m or 3600s, up to batch.max_completion_window_s "
+                          f"({b.max_completion_window_s:.0f} s)")
 
 
 def _voices(cfg: LyreConfig) -> None:

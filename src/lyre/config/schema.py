@@ -9,6 +9,7 @@ choice (``Literal``) also takes YAML's booleans for the words ``on``/``off`` and
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -280,6 +281,16 @@ class AuditConfig(Section):
     # spool cannot be written either
     required: bool = True
     max_queued_rows: int = Field(100_000, ge=1)
+
+
+_WINDOW = re.compile(r"([0-9]{1,9})([smhd])")  # (ASCII digits: int() would read other scripts' too)
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def window_seconds(window: object) -> int | None:
+    """A completion window's seconds (``<n>s|m|h|d``: ``24h``, ``90m``), or None when it is not one."""
+    m = _WINDOW.fullmatch(window) if isinstance(window, str) else None
+    return int(m[1]) * _UNIT_S[m[2]] if m else None
 
 
 class BatchConfig(Section):

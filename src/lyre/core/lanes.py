@@ -13,7 +13,8 @@ speed. The scheduler gives the lane, in order of precedence:
   generates the evicted segment again later — a segment is at most one text segment (~280
   characters), so an eviction loses at most that much work;
 - **steps** only where every live session holds ``scheduler.batch_live_slack_s`` of audio its
-  listener has not played yet — none while a live session waits for its first audio or is about
+  listener has not played yet (at most half of ``scheduler.max_buffer_s``, the most a live
+  session runs ahead: a larger setting would never let the lane run) — none while a live session waits for its first audio or is about
   to run dry. In such a step batch sessions get the decode seats live ones leave, their prompts
   prefill (a batch prompt never prefills in another step: the engine's negative priority), and
   their frames get what a codec round leaves after every live job
@@ -43,7 +44,8 @@ EVICTED = "evicted"
 class BatchLane:
     """The batch sessions the engine thread holds: waiting for a slot, or in one."""
 
-    def __init__(self) -> None:
+    def __init__(self, live_slack_s: float = 1.0) -> None:
+        self.live_slack_s = live_slack_s  # what every live session must hold for the lane to run (may_decode)
         self.waiting: deque[Session] = deque()
         self.active: dict[str, Session] = {}
         self.evictions = 0

@@ -79,7 +79,8 @@ class Scheduler:
         self.pending = FairQueue((lambda account: limits(account).weight) if limits else (lambda account: 1.0))
         self._slots_allowed = (lambda account: limits(account).max_sessions) if limits else (lambda account: 1 << 30)
         self.active: dict[str, Session] = {}  # live sessions holding a KV slot
-        self.batch = BatchLane()  # batch items' sessions (lyre.core.lanes): waiting, or holding a slot
+        # batch items' sessions (lyre.core.lanes): waiting, or holding a slot
+        self.batch = BatchLane(min(cfg.batch_live_slack_s, cfg.max_buffer_s / 2))
         self.active_by_account: Counter[str] = Counter()
         self._by_request: dict[str, tuple[Session, int]] = {}
         self._order = itertools.count()
@@ -129,7 +130,7 @@ class Scheduler:
         order = [live[s] for s in self.policy.decode_order(list(live), self.step_count, now)]
         # the batch lane runs (decodes, prefills, gets codec rounds) only while every live session has audio in hand
         lane_runs = self.batch.may_decode(list(self.active.values()), self.policy.is_new, now,
-                                          self.cfg.batch_live_slack_s)
+                                          self.batch.live_slack_s)
         if batch and lane_runs:
             order += [batch[s] for s in self.batch.seats(batch, len(order), self.cfg.max_batch_size, self.step_count)]
         t0 = time.perf_counter()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,17 @@ from lyre.trust.audit import instance_name
 
 __all__ = ["BatchJobs", "BatchRunner", "start"]
 
+log = logging.getLogger("lyre.batch")
+
 
 def start(tts: Any) -> BatchJobs:
     """The service's batch jobs over its database, with a runner claiming items (on the running loop)."""
     cfg = tts.config
+    if cfg.batch.enabled and cfg.scheduler.reserved_slots >= cfg.scheduler.max_concurrent_sessions:
+        log.warning("batch: this server will run no batch items: they take only the KV slots beyond "
+                    "scheduler.reserved_slots (%d), and scheduler.max_concurrent_sessions is %d (other servers "
+                    "sharing the database still run them)", cfg.scheduler.reserved_slots,
+                    cfg.scheduler.max_concurrent_sessions)
     results = open_store(cfg.batch.results_url, Path(cfg.data_dir))
     store = BatchStore(tts.database)
     runner = BatchRunner(tts, store, results, cfg, instance_name(cfg.data_dir), tts.metrics)

@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import quote
 
 from lyre.audio.formats import CONTENT_TYPES
+from lyre.config.schema import window_seconds
 from lyre.errors import InvalidRequest, NotReady, UnknownBatch, UploadTooLarge
 from lyre.service.batch import inputs
 from lyre.service.batch.render import segments_of
@@ -28,8 +28,6 @@ from lyre.storage.batches import ENDED_ITEM, BatchStore
 from lyre.storage.registry import in_utc
 from lyre.storage.results import ResultStore
 
-WINDOW = re.compile(r"([0-9]{1,9})([smhd])")  # (ASCII digits: int() would read other scripts' too)
-UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_METADATA = 16  # OpenAI's: 16 pairs, keys of 64 characters, values of 512
 
 
@@ -68,9 +66,8 @@ class BatchJobs:
         return await self.get(row["id"], account=account)
 
     def window_s(self, window: Any) -> float:
-        m = WINDOW.fullmatch(window) if isinstance(window, str) else None
-        seconds = int(m[1]) * UNIT_S[m[2]] if m else 0
-        if not m or not 0 < seconds <= self.cfg.max_completion_window_s:
+        seconds = window_seconds(window)
+        if seconds is None or not 0 < seconds <= self.cfg.max_completion_window_s:
             raise InvalidRequest(f"completion_window {window!r}: give a duration such as 24h, 90m or 3600s, up to "
                                  f"{self.cfg.max_completion_window_s:.0f} s (batch.max_completion_window_s)")
         return float(seconds)
