@@ -7,7 +7,7 @@ is the item's has its audit row completed in the item's own transaction."""
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import sqlalchemy as sa
@@ -67,6 +67,19 @@ def test_an_item_whose_servers_die_too_often_fails_but_give_backs_do_not_count(d
     [row] = list(store.items(batch_id, "acme", ("failed",)))
     assert row["error_code"] == "gave_up" and "batch.max_attempts" in row["error_message"]
     assert store.get(batch_id, "acme")["status"] == "completed"  # (every item ended; the error file has it)
+
+
+def test_a_replica_whose_clock_runs_ahead_does_not_take_live_leases(postgres):
+    """Leases are on PostgreSQL's clock: a replica ten minutes ahead sees another's 30 s lease as held."""
+    from tests.support.postgres import fresh_schema
+
+    store, batch_id = make(fresh_schema(postgres.url), n=1)
+    ahead = BatchStore(store.engine, clock=lambda: datetime.now(timezone.utc) + timedelta(minutes=10))
+    assert store.claim("a/1", 30.0, "acme", 5) is not None
+    assert ahead.claim("b/1", 30.0, "acme", 5) is None
+    assert abs(ahead.now() - store.now()) < timedelta(seconds=5)
+    age_leases(store, 60)  # (a stalled: the lease ran out on the database's clock)
+    assert ahead.claim("b/1", 30.0, "acme", 5).attempt == 2
 
 
 def test_no_item_is_claimed_once_its_batchs_window_has_closed(database_url):

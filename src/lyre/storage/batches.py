@@ -7,7 +7,9 @@ a server whose lease ran out (it stalled, or died and came back) finds that the 
 its own, and its result is never shown. An item whose lease ran out is claimed again by any
 server. On PostgreSQL a claim takes rows ``FOR UPDATE SKIP LOCKED`` (servers claiming at once take
 different items, never waiting for each other); SQLite has one writer at a time, which orders claims
-already. Ids are server-generated (``batch_`` + 24 URL-safe characters); every lookup is by (id,
+already. Times (leases, windows) are the database's on PostgreSQL: each store reads its offset
+from the server's clock once a minute, so replicas whose clocks disagree never take each other's
+live items (SQLite: this machine's clock, which every server sharing the file runs on). Ids are server-generated (``batch_`` + 24 URL-safe characters); every lookup is by (id,
 account): another account's batch is a 404 like one never made.
 
 Blocking: run these in worker threads (:mod:`lyre.service.batch` does).
@@ -15,15 +17,18 @@ Blocking: run these in worker threads (:mod:`lyre.service.batch` does).
 
 from __future__ import annotations
 
+import logging
 import re
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from lyre.errors import IdempotencyConflict, QuotaExceeded, UnknownBatch
 from lyre.storage.db import audit, batch_items, batches
@@ -32,6 +37,9 @@ from lyre.storage.registry import database_errors, in_utc
 BATCH_ID_PATTERN = re.compile(r"batch_[A-Za-z0-9_-]{24}")
 ACTIVE, ENDED_ITEM = ("queued", "running"), ("completed", "failed", "cancelled", "expired")
 ITEM_STATES = (*ACTIVE, *ENDED_ITEM)
+CLOCK_CHECK_S = 60.0  # how often a store reads the database's clock (PostgreSQL)
+
+log = logging.getLogger("lyre.batch")
 
 
 @dataclass(frozen=True)
@@ -57,8 +65,29 @@ def unknown_batch(batch_id: Any) -> UnknownBatch:
 
 
 class BatchStore:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, clock: Callable[[], datetime] = now_utc):
         self.engine = engine
+        self.clock = clock  # this machine's UTC time
+        self._offset = timedelta(0)  # the database's clock minus ours
+        self._offset_read: float | None = None  # (monotonic) when it was read
+
+    def now(self) -> datetime:
+        """The time every server sharing the database agrees on (see the module's docstring)."""
+        if self.engine.dialect.name == "postgresql" and (
+                self._offset_read is None or time.monotonic() - self._offset_read >= CLOCK_CHECK_S):
+            try:
+                with self.engine.connect() as c:
+                    before = self.clock()
+                    theirs = in_utc(c.execute(sa.select(sa.func.now())).scalar())
+                    after = self.clock()
+                self._offset = theirs - (before + (after - before) / 2)
+                if abs(self._offset) > timedelta(seconds=5):
+                    log.warning("batch: this server's clock is %.1f s off the database's: leases use the "
+                                "database's", -self._offset.total_seconds())
+            except SQLAlchemyError:  # (kept: the last offset read; the caller's own query reports the outage)
+                pass
+            self._offset_read = time.monotonic()
+        return self.clock() + self._offset
 
     # --- batches ---------------------------------------------------------------------------------
 
@@ -69,7 +98,7 @@ class BatchStore:
         transaction: (the batch's row, True). With an ``idempotency_key`` the account used before: that
         batch, False (IdempotencyConflict when its input differs). QuotaExceeded when the account's
         queued and running items would pass ``max_items``."""
-        now = now_utc()
+        now = self.now()
         row = {"id": "batch_" + secrets.token_urlsafe(18), "owner": owner, "status": "in_progress",
                "idempotency_key": idempotency_key, "input_sha256": input_sha256, "input_bytes": input_bytes,
                "total": len(items), "completion_window": completion_window, "meta": meta, "created_at": now,
@@ -143,7 +172,7 @@ class BatchStore:
     def cancel(self, batch_id: str, owner: str) -> dict[str, Any]:
         """Cancel: queued items at once; running ones end at their server's next check (then the batch is cancelled)."""
         self.get(batch_id, owner)
-        now = now_utc()
+        now = self.now()
         with database_errors(), self.engine.begin() as c:
             _lock(c, batch_id)
             changed = c.execute(batches.update().where(batches.c.id == batch_id, batches.c.status == "in_progress")
@@ -165,7 +194,7 @@ class BatchStore:
     def waiting_accounts(self) -> list[str]:
         """Accounts with items to run (queued, or running on a lease that ran out), in order."""
         with database_errors(), self.engine.connect() as c:
-            return [r[0] for r in c.execute(sa.select(batch_items.c.owner).where(_free(now_utc()))
+            return [r[0] for r in c.execute(sa.select(batch_items.c.owner).where(_free(self.now()))
                                             .distinct().order_by(batch_items.c.owner))]
 
     def claim(self, server: str, lease_s: float, owner: str, max_attempts: int,
@@ -174,7 +203,7 @@ class BatchStore:
         batch in progress whose completion window is still open, not one of ``exclude`` (those this
         server runs); None when there is none. An item tried ``max_attempts`` times already fails
         instead (an item that kills its server is not retried for ever)."""
-        now = now_utc()
+        now = self.now()
         query = (sa.select(batch_items).where(_free(now), batch_items.c.owner == owner, batch_items.c.batch_id.in_(
             sa.select(batches.c.id).where(batches.c.status == "in_progress", batches.c.expires_at > now))))
         if exclude:
@@ -208,7 +237,7 @@ class BatchStore:
     def renew(self, server: str, claims: list[Claim], lease_s: float) -> set[int]:
         """Extend the leases still ours; the ids of those lost (another server took them, or they ended)."""
         lost = set()
-        until = now_utc() + timedelta(seconds=lease_s)
+        until = self.now() + timedelta(seconds=lease_s)
         with database_errors(), self.engine.begin() as c:
             for claim in claims:
                 if not c.execute(_mine(claim, server).values(lease_until=until)).rowcount:
@@ -223,7 +252,7 @@ class BatchStore:
         not (its result must not be shown). Settles the batch when it was the last item.
         ``audit_end`` (the attempt's audit entry id and its end values) completes its audit row in the
         same transaction: a crash can never leave a completed item whose row says otherwise."""
-        now = now_utc()
+        now = self.now()
         with database_errors(), self.engine.begin() as c:
             _lock(c, claim.batch_id)  # (two last items ending at once: the second sees the first's end)
             done = c.execute(_mine(claim, server).values(
@@ -284,7 +313,7 @@ class BatchStore:
         """Upkeep. Items of batches past their completion window that are queued, or running on a lease
         that ran out, expire; items of batches being cancelled that no server runs any more are
         cancelled; such batches with nothing left running are settled. The items expired."""
-        now = now_utc()
+        now = self.now()
         n = 0
         with database_errors(), self.engine.connect() as c:
             due = c.execute(sa.select(batches.c.id).where(sa.or_(
@@ -305,8 +334,9 @@ class BatchStore:
                 _settle(c, batch_id, now)
         return n
 
-    def ended_before(self, when: datetime) -> list[str]:
-        """Batches that ended before ``when`` (past retention)."""
+    def ended_before(self, age: timedelta) -> list[str]:
+        """Batches that ended more than ``age`` ago (past retention)."""
+        when = self.now() - age
         with database_errors(), self.engine.connect() as c:
             return [r[0] for r in c.execute(sa.select(batches.c.id).where(batches.c.ended_at < when))]
 
@@ -322,7 +352,7 @@ class BatchStore:
                 batch_items.c.state.in_(ACTIVE)).group_by(batch_items.c.state)).all())
             oldest = c.execute(sa.select(sa.func.min(batch_items.c.queued_at)).where(
                 batch_items.c.state == "queued")).scalar()
-        age = (now_utc() - in_utc(oldest)).total_seconds() if oldest is not None else 0.0
+        age = (self.now() - in_utc(oldest)).total_seconds() if oldest is not None else 0.0
         return {"queued": counts.get("queued", 0), "running": counts.get("running", 0), "oldest_s": max(0.0, age)}
 
 

@@ -33,7 +33,7 @@ from lyre.config import LyreConfig
 from lyre.core.session import CANCELLED, FINISHED
 from lyre.errors import DatabaseError, LyreError, ServiceUnavailable
 from lyre.service.batch.render import render
-from lyre.storage.batches import BatchStore, Claim, now_utc
+from lyre.storage.batches import BatchStore, Claim
 from lyre.storage.results import ResultStore
 
 log = logging.getLogger("lyre.batch")
@@ -149,8 +149,7 @@ class BatchRunner:
         if expired:
             log.info("batch: %d items expired (their batches' completion windows ended)", expired)
             self._count("expired", expired)
-        for batch_id in await asyncio.to_thread(self.store.ended_before,
-                                                now_utc() - timedelta(days=self.cfg.retention_days)):
+        for batch_id in await asyncio.to_thread(self.store.ended_before, timedelta(days=self.cfg.retention_days)):
             await asyncio.to_thread(self.results.delete_prefix, batch_id + "/")
             await asyncio.to_thread(self.store.delete, batch_id)
             log.info("batch %s: deleted after batch.retention_days", batch_id)
