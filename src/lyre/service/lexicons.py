@@ -15,8 +15,10 @@ Creating and deleting one writes an audit row (voice ``lexicon:<id>``, outcome `
 ``lexicon_deleted``, the document's sha256 as its text's).
 
 A request reads the account's lexicons from a cache refreshed every :data:`REFRESH_S` (a lexicon
-another replica created or deleted counts from then); a refresh reads the database on the calling
-thread, as the library's ``resolve_now`` does.
+another replica created or deleted counts from then). A refresh reads the database in a worker
+thread while requests go on with the copy they have, so a slow or unreachable database never holds
+up the event loop; only an account's first request on this server reads it on the calling thread
+(a failed read is remembered for :data:`REFRESH_S`: an outage costs one wait, not one per request).
 """
 
 from __future__ import annotations
@@ -51,7 +53,9 @@ class Lexicons:
         self._store: LexiconRegistry | None = None
         self._lock = threading.Lock()
         # account -> (when read, [(id, sha256, default, parsed)] oldest first)
-        self._cache: dict[str, tuple[float, list[tuple[str, str, bool, pls.Lexicon]]]] = {}
+        # (None: the account's first read failed)
+        self._cache: dict[str, tuple[float, list[tuple[str, str, bool, pls.Lexicon]] | None]] = {}
+        self._refreshing: set[str] = set()  # accounts a worker thread is reading again
         self._tables: dict[tuple[int, ...], tuple[list[pls.Lexicon], pls.Aliases]] = {}  # built alias tables
 
     def _registry(self) -> LexiconRegistry:
@@ -83,7 +87,7 @@ class Lexicons:
                                          pls=document, sha256=digest, aliases=lexicon.aliases,
                                          phonemes=lexicon.phonemes, default=bool(default))
         self._audit(account, stored, "lexicon_created", protocol)
-        self._forget(account)
+        await self._reread(account)
         return stored
 
     async def get(self, lexicon_id: Any, account: str = DEFAULT_ACCOUNT, with_pls: bool = False) -> StoredLexicon:
@@ -96,7 +100,7 @@ class Lexicons:
     async def delete(self, lexicon_id: Any, account: str = DEFAULT_ACCOUNT, protocol: str = "library") -> None:
         stored = await asyncio.to_thread(self._registry().delete, lexicon_id, account)
         self._audit(account, stored, "lexicon_deleted", protocol)
-        self._forget(account)
+        await self._reread(account)
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -139,35 +143,63 @@ class Lexicons:
         return table[1] if table[1] else None
 
     def _held(self, account: str) -> list[tuple[str, str, bool, pls.Lexicon]]:
-        """The account's lexicons, oldest first (cached; while the database cannot be read, the last read,
-        if there was one)."""
+        """The account's lexicons, oldest first, from the cache (a stale copy while a worker thread reads
+        them again). DatabaseError when they could never be read."""
         with self._lock:
             cached = self._cache.get(account)
-        if cached is not None and time.monotonic() - cached[0] < REFRESH_S:
-            return cached[1]
-        try:
-            return self._read(account, cached)
-        except DatabaseError:
-            if cached is None:
-                raise
-            return cached[1]
+            refresh = (cached is not None and time.monotonic() - cached[0] >= REFRESH_S
+                       and account not in self._refreshing)
+            if refresh:
+                self._refreshing.add(account)
+        if refresh:
+            threading.Thread(target=self._refresh, args=(account,), name="lyre-lexicons", daemon=True).start()
+        held = self._read(account) if cached is None else cached[1]
+        if held is None:
+            raise DatabaseError("the account's lexicons cannot be read: the database is unavailable")
+        return held
 
-    def _read(self, account: str, cached: tuple[float, list] | None) -> list[tuple[str, str, bool, pls.Lexicon]]:
+    def _read(self, account: str) -> list[tuple[str, str, bool, pls.Lexicon]]:
+        """Read the account's lexicons into the cache (blocking). On DatabaseError the cache keeps what
+        it held (or notes the failure) until the next refresh is due."""
         registry = self._registry()
-        known = {i: lex for i, _, _, lex in (cached[1] if cached else [])}
-        fresh = []
-        for row in registry.list(account):
-            lexicon = known.get(row.id)
-            if lexicon is None:  # (new here: read and parsed once)
-                lexicon = pls.parse(registry.get(row.id, account, with_pls=True).pls)
-            fresh.append((row.id, row.sha256, row.default, lexicon))
+        with self._lock:
+            cached = self._cache.get(account)
+        known = {i: lex for i, _, _, lex in (cached[1] or [])} if cached is not None else {}
+        try:
+            fresh = []
+            for row in registry.list(account):
+                lexicon = known.get(row.id)
+                if lexicon is None:  # (new here: read and parsed once)
+                    lexicon = pls.parse(registry.get(row.id, account, with_pls=True).pls)
+                fresh.append((row.id, row.sha256, row.default, lexicon))
+        except DatabaseError:
+            with self._lock:
+                held = self._cache.get(account)
+                self._cache[account] = (time.monotonic(), held[1] if held is not None else None)
+            raise
         with self._lock:
             self._cache[account] = (time.monotonic(), fresh)
         return fresh
 
-    def _forget(self, account: str) -> None:
-        with self._lock:
-            self._cache.pop(account, None)
+    def _refresh(self, account: str) -> None:
+        """(A worker thread's: the account's lexicons read again.)"""
+        try:
+            self._read(account)
+        except DatabaseError as e:
+            log.warning("account %s: its lexicons cannot be read again (%s); requests use the last read", account, e)
+        except Exception:  # noqa: BLE001 - a refresh never ends the server
+            log.exception("account %s: reading its lexicons failed", account)
+        finally:
+            with self._lock:
+                self._refreshing.discard(account)
+
+    async def _reread(self, account: str) -> None:
+        """After this server changed the account's lexicons: its requests read the change from now on."""
+        try:
+            await asyncio.to_thread(self._read, account)
+        except DatabaseError:
+            with self._lock:
+                self._cache.pop(account, None)
 
     def _audit(self, account: str, stored: StoredLexicon, outcome: str, protocol: str) -> None:
         if self.audit is None or not self.audit.config.enabled:
