@@ -107,12 +107,16 @@ def test_batch_decodes_only_while_every_live_session_holds_batch_live_slack_s():
 
     cfg = make(batch_live_slack_s=1.0)[0].cfg
     is_new = FairPolicy(cfg).is_new
+    lane = BatchLane(cfg.batch_live_slack_s, cfg.max_buffer_s)
     comfortable, dry = playing("comfortable", 1.5), playing("dry", 0.4)
-    assert BatchLane.may_decode([comfortable], is_new, 0.0, cfg.batch_live_slack_s)
-    assert not BatchLane.may_decode([comfortable, dry], is_new, 0.0, cfg.batch_live_slack_s)  # one about to run dry
+    assert lane.may_decode([comfortable], is_new, 0.0)
+    assert not lane.may_decode([comfortable, dry], is_new, 0.0)  # one about to run dry
     new = playing("new", 5.0, tokens=3)
-    assert not BatchLane.may_decode([comfortable, new], is_new, 0.0, cfg.batch_live_slack_s)  # one waits for audio
-    assert BatchLane.may_decode([], is_new, 0.0, cfg.batch_live_slack_s)  # no live work: the lane has the engine
+    assert not lane.may_decode([comfortable, new], is_new, 0.0)  # one waits for audio
+    assert lane.may_decode([], is_new, 0.0)  # no live work: the lane has the engine
+    fast = playing("fast", 0.0)  # played at 4x (a response's speed): max_buffer_s (2 s) lasts it 0.5 s
+    fast.audio_samples, fast.tempo = int((10.0 + 0.3 * 4) * 24000), 4.0  # (0.3 s of listening held)
+    assert fast.slack(0.0) < cfg.batch_live_slack_s and lane.may_decode([comfortable, fast], is_new, 0.0)
 
 
 def test_the_lane_runs_beside_live_sessions_whose_buffer_is_smaller_than_batch_live_slack_s():

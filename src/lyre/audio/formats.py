@@ -279,13 +279,14 @@ class AudioEncoder:
                 self._release()
 
     def _release(self) -> None:
-        if self._container is not None:
+        with self._guard:  # (taken out under the lock: a close and a call returning may both get here)
+            container, self._container, self._stream = self._container, None, None
+            self._codec = self._resampler = self._stretch = None
+        if container is not None:
             try:
-                self._container.close()
+                container.close()
             except Exception:  # noqa: BLE001 - an abandoned container may refuse its trailer
                 pass
-            self._container = self._stream = None
-        self._codec = self._resampler = self._stretch = None
 
     def encode(self, pcm: np.ndarray, last: bool = False) -> bytes:
         """Bytes for the int16 24 kHz ``pcm`` (possibly empty while an encoder fills a frame)."""

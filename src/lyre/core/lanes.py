@@ -13,8 +13,8 @@ speed. The scheduler gives the lane, in order of precedence:
   generates the evicted segment again later — a segment is at most one text segment (~280
   characters), so an eviction loses at most that much work;
 - **steps** only where every live session holds ``scheduler.batch_live_slack_s`` of audio its
-  listener has not played yet (at most half of ``scheduler.max_buffer_s``, the most a live
-  session runs ahead: a larger setting would never let the lane run) — none while a live session waits for its first audio or is about
+  listener has not played yet (at most half of what it can hold when its client reads in real time,
+  ``scheduler.max_buffer_s`` of audio played ``tempo`` times faster: more would never let the lane run) — none while a live session waits for its first audio or is about
   to run dry. In such a step batch sessions get the decode seats live ones leave, their prompts
   prefill (a batch prompt never prefills in another step: the engine's negative priority), and
   their frames get what a codec round leaves after every live job
@@ -44,8 +44,9 @@ EVICTED = "evicted"
 class BatchLane:
     """The batch sessions the engine thread holds: waiting for a slot, or in one."""
 
-    def __init__(self, live_slack_s: float = 1.0) -> None:
+    def __init__(self, live_slack_s: float = 1.0, max_buffer_s: float = 2.0) -> None:
         self.live_slack_s = live_slack_s  # what every live session must hold for the lane to run (may_decode)
+        self.max_buffer_s = max_buffer_s  # the most unread audio a live session's client holds
         self.waiting: deque[Session] = deque()
         self.active: dict[str, Session] = {}
         self.evictions = 0
@@ -90,11 +91,13 @@ class BatchLane:
                 s.status = ACTIVE
                 self.admitted(s)
 
-    @staticmethod
-    def may_decode(live: Iterable[Session], is_new: Callable[[Session], bool], now: float, slack_s: float) -> bool:
+    def may_decode(self, live: Iterable[Session], is_new: Callable[[Session], bool], now: float) -> bool:
         """Whether batch sessions decode this step: no live session waits for its first audio or holds
-        less than ``slack_s`` of audio its listener has yet to play."""
-        return all(not is_new(s) and s.slack(now) >= slack_s for s in live)
+        less than ``live_slack_s`` of listening its listener has yet to play — or, for one whose client
+        reads in real time, half what it can hold at most (``max_buffer_s`` of audio, played ``tempo``
+        times faster), or the lane would never run beside it."""
+        return all(not is_new(s) and s.slack(now) >= min(self.live_slack_s, self.max_buffer_s / 2 / s.tempo)
+                   for s in live)
 
     def seats(self, generating: Iterable[Session], live_seats: int, max_batch: int, turn: int) -> list[Session]:
         """The batch sessions that may decode this step after ``live_seats`` live ones, accounts in turn."""

@@ -80,7 +80,7 @@ class Scheduler:
         self._slots_allowed = (lambda account: limits(account).max_sessions) if limits else (lambda account: 1 << 30)
         self.active: dict[str, Session] = {}  # live sessions holding a KV slot
         # batch items' sessions (lyre.core.lanes): waiting, or holding a slot
-        self.batch = BatchLane(min(cfg.batch_live_slack_s, cfg.max_buffer_s / 2))
+        self.batch = BatchLane(cfg.batch_live_slack_s, cfg.max_buffer_s)
         self.active_by_account: Counter[str] = Counter()
         self._by_request: dict[str, tuple[Session, int]] = {}
         self._order = itertools.count()
@@ -129,8 +129,7 @@ class Scheduler:
         live, batch = split({s: rid for s, rid in self._generating().items() if not self.audio.backlogged(s)})
         order = [live[s] for s in self.policy.decode_order(list(live), self.step_count, now)]
         # the batch lane runs (decodes, prefills, gets codec rounds) only while every live session has audio in hand
-        lane_runs = self.batch.may_decode(list(self.active.values()), self.policy.is_new, now,
-                                          self.batch.live_slack_s)
+        lane_runs = self.batch.may_decode(list(self.active.values()), self.policy.is_new, now)
         if batch and lane_runs:
             order += [batch[s] for s in self.batch.seats(batch, len(order), self.cfg.max_batch_size, self.step_count)]
         t0 = time.perf_counter()

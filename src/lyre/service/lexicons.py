@@ -14,11 +14,13 @@ Lexicons live in the voices' database, isolated per account; each is at most
 Creating and deleting one writes an audit row (voice ``lexicon:<id>``, outcome ``lexicon_created`` /
 ``lexicon_deleted``, the document's sha256 as its text's).
 
-A request reads the account's lexicons from a cache refreshed every :data:`REFRESH_S` (a lexicon
-another replica created or deleted counts from then). A refresh reads the database in a worker
-thread while requests go on with the copy they have, so a slow or unreachable database never holds
-up the event loop; only an account's first request on this server reads it on the calling thread
-(a failed read is remembered for :data:`REFRESH_S`: an outage costs one wait, not one per request).
+A request reads the account's lexicons from the copy this server keeps: :meth:`Lexicons.keep_fresh`
+(a task of the running service) reads the copies of accounts used in the last :data:`IDLE_S` again
+every :data:`REFRESH_S`, in a worker thread, so a lexicon another replica created or deleted counts
+here within about that long, and a slow or unreachable database never holds up a request: it uses
+the copy it has. Only an account's first request (or its first after :data:`IDLE_S` unused) reads
+the database on the calling thread; a read that fails is remembered until the next refresh, so an
+outage costs that one wait, not one per request.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ import logging
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from lyre.errors import DatabaseError, InvalidRequest, ServiceUnavailable, UploadTooLarge
+from lyre.errors import DatabaseError, InvalidRequest, ServiceUnavailable, UnknownLexicon, UploadTooLarge
 from lyre.service.voices import Voices
 from lyre.storage.lexicons import LexiconRegistry, StoredLexicon, unknown_lexicon
 from lyre.storage.registry import check_name
@@ -42,8 +45,19 @@ from lyre.trust.accounts import DEFAULT_ACCOUNT
 log = logging.getLogger("lyre.voices")
 
 REFRESH_S = 5.0
+IDLE_S = 300.0  # an account's copy unused this long is dropped (not read again every REFRESH_S)
 MAX_TABLES = 1024  # alias tables kept (cleared when full)
 LABEL = "a name for the lexicon"
+
+Held = list[tuple[str, str, bool, pls.Lexicon]]  # [(id, sha256, default, parsed)], oldest first
+
+
+@dataclass
+class _Copy:
+    """What this server holds of one account's lexicons."""
+
+    lexicons: Held | None  # None: never read (the database was unavailable)
+    used: float  # (monotonic) when a request last read it
 
 
 class Lexicons:
@@ -52,10 +66,9 @@ class Lexicons:
         self.audit = audit  # the service's AuditTrail (set once it starts)
         self._store: LexiconRegistry | None = None
         self._lock = threading.Lock()
-        # account -> (when read, [(id, sha256, default, parsed)] oldest first)
-        # (None: the account's first read failed)
-        self._cache: dict[str, tuple[float, list[tuple[str, str, bool, pls.Lexicon]] | None]] = {}
-        self._refreshing: set[str] = set()  # accounts a worker thread is reading again
+        self._cache: dict[str, _Copy] = {}  # account -> its copy
+        # account -> changes made here: a read begun before the last one is not kept (it may miss it)
+        self._generation: dict[str, int] = {}
         self._tables: dict[tuple[int, ...], tuple[list[pls.Lexicon], pls.Aliases]] = {}  # built alias tables
 
     def _registry(self) -> LexiconRegistry:
@@ -142,64 +155,73 @@ class Lexicons:
                 table = self._tables[key] = (chosen, pls.Aliases(chosen))  # (holds chosen: its ids stay theirs)
         return table[1] if table[1] else None
 
-    def _held(self, account: str) -> list[tuple[str, str, bool, pls.Lexicon]]:
-        """The account's lexicons, oldest first, from the cache (a stale copy while a worker thread reads
-        them again). DatabaseError when they could never be read."""
+    def _held(self, account: str) -> Held:
+        """The account's lexicons: its copy (read on this thread when there is none). DatabaseError when
+        they could never be read."""
         with self._lock:
-            cached = self._cache.get(account)
-            refresh = (cached is not None and time.monotonic() - cached[0] >= REFRESH_S
-                       and account not in self._refreshing)
-            if refresh:
-                self._refreshing.add(account)
-        if refresh:
-            threading.Thread(target=self._refresh, args=(account,), name="lyre-lexicons", daemon=True).start()
-        held = self._read(account) if cached is None else cached[1]
+            copy = self._cache.get(account)
+            if copy is not None:
+                copy.used = time.monotonic()
+        held = copy.lexicons if copy is not None else self._read(account)
         if held is None:
             raise DatabaseError("the account's lexicons cannot be read: the database is unavailable")
         return held
 
-    def _read(self, account: str) -> list[tuple[str, str, bool, pls.Lexicon]]:
-        """Read the account's lexicons into the cache (blocking). On DatabaseError the cache keeps what
-        it held (or notes the failure) until the next refresh is due."""
+    def _read(self, account: str) -> Held:
+        """Read the account's lexicons into its copy (blocking). When that fails the copy stays as it was
+        (noted as never read when there was none) and the error is raised."""
         registry = self._registry()
         with self._lock:
-            cached = self._cache.get(account)
-        known = {i: lex for i, _, _, lex in (cached[1] or [])} if cached is not None else {}
+            copy, generation = self._cache.get(account), self._generation.get(account, 0)
+        known = {i: lex for i, _, _, lex in (copy.lexicons or [])} if copy is not None else {}
         try:
             fresh = []
             for row in registry.list(account):
                 lexicon = known.get(row.id)
                 if lexicon is None:  # (new here: read and parsed once)
-                    lexicon = pls.parse(registry.get(row.id, account, with_pls=True).pls)
+                    try:
+                        lexicon = pls.parse(registry.get(row.id, account, with_pls=True).pls)
+                    except UnknownLexicon:  # (deleted since the list was read)
+                        continue
                 fresh.append((row.id, row.sha256, row.default, lexicon))
-        except DatabaseError:
+        except Exception:
             with self._lock:
-                held = self._cache.get(account)
-                self._cache[account] = (time.monotonic(), held[1] if held is not None else None)
+                self._cache.setdefault(account, _Copy(None, time.monotonic()))
             raise
         with self._lock:
-            self._cache[account] = (time.monotonic(), fresh)
+            if self._generation.get(account, 0) == generation:  # (else a change made here since: that read's is kept)
+                held = self._cache.get(account)
+                self._cache[account] = _Copy(fresh, held.used if held is not None else time.monotonic())
         return fresh
 
-    def _refresh(self, account: str) -> None:
-        """(A worker thread's: the account's lexicons read again.)"""
-        try:
-            self._read(account)
-        except DatabaseError as e:
-            log.warning("account %s: its lexicons cannot be read again (%s); requests use the last read", account, e)
-        except Exception:  # noqa: BLE001 - a refresh never ends the server
-            log.exception("account %s: reading its lexicons failed", account)
-        finally:
-            with self._lock:
-                self._refreshing.discard(account)
-
     async def _reread(self, account: str) -> None:
-        """After this server changed the account's lexicons: its requests read the change from now on."""
+        """After this server changed the account's lexicons: its requests read the change from now on
+        (or, when the database cannot be read just now, from the next refresh)."""
+        with self._lock:
+            self._generation[account] = self._generation.get(account, 0) + 1
         try:
             await asyncio.to_thread(self._read, account)
-        except DatabaseError:
+        except Exception as e:  # noqa: BLE001 - the change is made: keep_fresh reads it again
+            log.warning("account %s: its lexicons could not be read again after a change (%s)", account, e)
+
+    async def keep_fresh(self) -> None:
+        """Every REFRESH_S: the copies of accounts used in the last IDLE_S read again, one account at a
+        time in a worker thread; the others dropped. (The running service's task.)"""
+        while True:
+            await asyncio.sleep(REFRESH_S)
+            now = time.monotonic()
             with self._lock:
-                self._cache.pop(account, None)
+                for account in [a for a, copy in self._cache.items() if now - copy.used > IDLE_S]:
+                    del self._cache[account]
+                due = list(self._cache)
+            for account in due:
+                try:
+                    await asyncio.to_thread(self._read, account)
+                except DatabaseError as e:
+                    log.warning("account %s: its lexicons cannot be read again (%s); requests use the last read",
+                                account, e)
+                except Exception:  # noqa: BLE001 - a refresh never ends the task
+                    log.exception("account %s: reading its lexicons failed", account)
 
     def _audit(self, account: str, stored: StoredLexicon, outcome: str, protocol: str) -> None:
         if self.audit is None or not self.audit.config.enabled:

@@ -81,8 +81,7 @@ class TTSService:
         self.voices = Voices(config)  # cloned voices (the registry opens with the service)
         self.consents = Consents(self.voices)  # consent recordings (OpenAI's voice consents)
         self.lexicons = Lexicons(self.voices)  # pronunciation lexicons (W3C PLS), per account
-        self._sweeper: asyncio.Task | None = None
-        self._beat: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []  # the running service's upkeep: sweeper, heartbeat, lexicons' refresh
         self.batches: batch.BatchJobs | None = None  # batch jobs, once started with a database
         self.database: Any = None  # SQLAlchemy engine of the voices registry and the audit trail, once started
         self.audit: AuditTrail | None = None
@@ -108,14 +107,14 @@ class TTSService:
         rt = await asyncio.to_thread(runtime.start, self.config, self.gate, self.metrics, self.voices, self.shared)
         self.backend, self.database, self.audit = rt.backend, rt.database, rt.audit
         self.lexicons.audit = rt.audit
-        if self.database is not None:  # batch jobs (lyre.service.batch): their API and the runner claiming items
-            self.batches = batch.start(self)
         self.config, self.family = rt.config, rt.family  # (a Qwen3-TTS checkpoint's speakers are its voices)
         self.model, self.tokenizer, self.scheduler, self._loop = rt.model, rt.tokenizer, rt.scheduler, rt.loop
+        if self.database is not None:  # batch jobs (lyre.service.batch): their API and the runner claiming items
+            self.batches = batch.start(self)
         self.voices.on_delete.append(self._forget_voice)
         loop = asyncio.get_running_loop()
-        self._sweeper = loop.create_task(upkeep.sweep_deleted_voices(self.voices, self._kept_prefixes))
-        self._beat = loop.create_task(upkeep.heartbeat(self.scheduler))
+        self._tasks = [loop.create_task(upkeep.sweep_deleted_voices(self.voices, self._kept_prefixes)),
+                       loop.create_task(upkeep.heartbeat(self.scheduler)), loop.create_task(self.lexicons.keep_fresh())]
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -123,9 +122,8 @@ class TTSService:
 
     async def aclose(self) -> None:
         """Stop: requests from now on get ServiceUnavailable at once; open sessions are cancelled."""
-        for task in (self._sweeper, self._beat):
-            if task is not None:
-                task.cancel()
+        for task in self._tasks:
+            task.cancel()
         if self.batches is not None:  # (items running here are given back, queued again at once)
             await self.batches.runner.stop()
         if self._loop is not None and self._loop.thread.is_alive():

@@ -38,6 +38,7 @@ BATCH_ID_PATTERN = re.compile(r"batch_[A-Za-z0-9_-]{24}")
 ACTIVE, ENDED_ITEM = ("queued", "running"), ("completed", "failed", "cancelled", "expired")
 ITEM_STATES = (*ACTIVE, *ENDED_ITEM)
 CLOCK_CHECK_S = 60.0  # how often a store reads the database's clock (PostgreSQL)
+CLOCK_RETRY_S = 5.0  # after a failed read
 
 log = logging.getLogger("lyre.batch")
 
@@ -84,9 +85,9 @@ class BatchStore:
                 if abs(self._offset) > timedelta(seconds=5):
                     log.warning("batch: this server's clock is %.1f s off the database's: leases use the "
                                 "database's", -self._offset.total_seconds())
-            except SQLAlchemyError:  # (kept: the last offset read; the caller's own query reports the outage)
-                pass
-            self._offset_read = time.monotonic()
+                self._offset_read = time.monotonic()
+            except SQLAlchemyError:  # (the last offset is kept; tried again in a few seconds, not on every call)
+                self._offset_read = time.monotonic() - CLOCK_CHECK_S + CLOCK_RETRY_S
         return self.clock() + self._offset
 
     # --- batches ---------------------------------------------------------------------------------
@@ -193,8 +194,9 @@ class BatchStore:
 
     def waiting_accounts(self) -> list[str]:
         """Accounts with items to run (queued, or running on a lease that ran out), in order."""
+        now = self.now()  # (before the connection: it may take one of its own)
         with database_errors(), self.engine.connect() as c:
-            return [r[0] for r in c.execute(sa.select(batch_items.c.owner).where(_free(self.now()))
+            return [r[0] for r in c.execute(sa.select(batch_items.c.owner).where(_free(now))
                                             .distinct().order_by(batch_items.c.owner))]
 
     def claim(self, server: str, lease_s: float, owner: str, max_attempts: int,

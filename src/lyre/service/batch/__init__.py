@@ -21,11 +21,11 @@ log = logging.getLogger("lyre.batch")
 def start(tts: Any) -> BatchJobs:
     """The service's batch jobs over its database, with a runner claiming items (on the running loop)."""
     cfg = tts.config
-    if cfg.batch.enabled and cfg.scheduler.reserved_slots >= cfg.scheduler.max_concurrent_sessions:
+    kv = tts.scheduler.snapshot.kv_cache  # (the engine's KV slots, as the engine thread last published them)
+    if cfg.batch.enabled and cfg.scheduler.reserved_slots >= kv.used_slots + kv.free_slots:
         log.warning("batch: this server will run no batch items: they take only the KV slots beyond "
-                    "scheduler.reserved_slots (%d), and scheduler.max_concurrent_sessions is %d (other servers "
-                    "sharing the database still run them)", cfg.scheduler.reserved_slots,
-                    cfg.scheduler.max_concurrent_sessions)
+                    "scheduler.reserved_slots (%d), and its engine has %d (other servers sharing the database "
+                    "still run them)", cfg.scheduler.reserved_slots, kv.used_slots + kv.free_slots)
     results = open_store(cfg.batch.results_url, Path(cfg.data_dir))
     store = BatchStore(tts.database)
     runner = BatchRunner(tts, store, results, cfg, instance_name(cfg.data_dir), tts.metrics)

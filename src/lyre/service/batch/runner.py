@@ -186,29 +186,39 @@ class BatchRunner:
                 if await self._finish(claim, state="failed", error_code=e.code, error_message=str(e)):
                     self._count("failed")
                 return
-            ok = False
             # the audit row says completed only for the attempt whose result is the item's, and is completed in
             # the item's own transaction (the trail's writer would lose it to a crash right after)
             ending = done.audit.ending(FINISHED)
+            finishing = asyncio.ensure_future(self._finish(
+                claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
+                duration_s=done.duration_s, audit_end=(done.audit.entry_id, ending) if done.audit.begun else None))
+            ok = cancelled = False
             try:
-                ok = await self._finish(claim, state="completed", result_key=key, sha256=done.sha256, size=done.size,
-                                        duration_s=done.duration_s,
-                                        audit_end=(done.audit.entry_id, ending) if done.audit.begun else None)
+                try:
+                    ok = await asyncio.shield(finishing)
+                except asyncio.CancelledError:  # (its end may be committed all the same: learn whether it was)
+                    cancelled = True
+                    ok = await finishing
             finally:
                 if ok:
                     done.audit.finish(FINISHED, ending=ending)
                 else:
                     done.audit.finish(CANCELLED, "cancelled")
-            if not ok:  # our lease was lost meanwhile: another attempt's result is (or will be) the one shown
-                log.warning("batch item %s/%s: lease lost before it completed; its audio is discarded",
-                            claim.batch_id, claim.custom_id)
+            if not ok:  # our lease was lost meanwhile (or the item cancelled): another attempt's result counts
+                if not cancelled:
+                    log.warning("batch item %s/%s: lease lost before it completed; its audio is discarded",
+                                claim.batch_id, claim.custom_id)
                 await asyncio.to_thread(self.results.delete_prefix, key)
+                if cancelled:
+                    raise asyncio.CancelledError
                 return
             self._count("completed", audio_s=done.duration_s, evictions=done.evictions)
             if claim.attempt > 1:  # an earlier attempt's file, published before its server died
                 for k in await asyncio.to_thread(self.results.keys, f"{claim.batch_id}/{claim.line:06d}-"):
                     if k != key:
                         await asyncio.to_thread(self.results.delete_prefix, k)
+            if cancelled:  # (completed: the cancel has nothing left to do here)
+                raise asyncio.CancelledError
         except asyncio.CancelledError:
             await self._after_cancel(claim)
         except Exception:  # noqa: BLE001 - one item's failure never stops the runner
