@@ -193,3 +193,19 @@ def test_a_lone_streams_first_chunk_waits_for_the_codecs_pace_however_many_lanes
             break
     codec.close()
     assert s.chunks == 1 and s.segments[0].decoder.frames_received == 2
+
+
+def test_what_batch_rounds_cost_does_not_hold_a_live_first_chunk_back(model):
+    """Batch rounds (many frames, beside the batch lane's long steps) cost more a frame than a live
+    round: a live session's first chunk is planned from what live rounds cost."""
+    settings = StreamSettings(first_flush_frames=1, every_flush_frames=2, warmup_frames=4)
+    pipeline = AudioPipeline(StreamCodec(model), settings, max_round_frames=64)
+    s = session("s", pipeline, [])
+    for n in range(1, 6):
+        s.segments[0].decoder.push(random_frames(1, seed=n))
+        s.tokens, s.first_token_at, s.last_token_at = 7 * n, 0.0, 0.005 * (7 * n - 1) / 7
+        pipeline.frame_cost_s, pipeline.live_frame_cost_s = 0.040, 0.005  # (the recent paces, as measured: held)
+        pipeline.finish([s], now=0.005 * n)
+        if s.chunks:
+            break
+    assert s.chunks == 1 and s.segments[0].decoder.frames_received == 1  # as fast as a live round decodes

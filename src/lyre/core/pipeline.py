@@ -66,7 +66,10 @@ class AudioPipeline:
         self._overlap = ThreadPoolExecutor(1, thread_name_prefix="lyre-codec") if overlap else None
         self._inflight: tuple[list[Job], Future] | None = None
         self.round_s = 0.0  # recent decode time of a round (exponential mean)
-        self.frame_cost_s = 0.0  # recent decode time per frame (exponential mean)
+        self.frame_cost_s = 0.0  # recent decode time per frame (exponential mean): what a round can hold
+        # the same over rounds without batch frames: what a live session's next chunk will cost (batch rounds,
+        # large and beside the batch lane's long steps, cost more a frame: a live first chunk would wait longer)
+        self.live_frame_cost_s = 0.0
         self._rounds = 0  # rounds planned (the account served first rotates with it)
 
     # --- segments -------------------------------------------------------------------------------
@@ -114,7 +117,8 @@ class AudioPipeline:
         frame_s = self._frame_s(s)
         if frame_s is not None:  # a frame comes no faster than it is generated, nor than the codec (shared) decodes it
             # (the sessions share the codec's lanes; one session's call is never split)
-            frame_s = max(frame_s, self.frame_cost_s * max(1.0, sharing / self.codec.parallel))
+            cost = self.frame_cost_s if s.batch else (self.live_frame_cost_s or self.frame_cost_s)
+            frame_s = max(frame_s, cost * max(1.0, sharing / self.codec.parallel))
         slack = s.slack(now)
         if slack == float("-inf"):
             if self.first_chunk == "eager" or frame_s is None or stream.frames_received >= self.settings.warmup_frames:
@@ -227,11 +231,13 @@ class AudioPipeline:
         finally:
             spent = time.perf_counter() - t0
             self.codec.counters.decode_s += spent
-            if not any(s.batch for s, _, _ in jobs):  # (what a live session waits: a round the lane sits out)
-                self.round_s = 0.7 * self.round_s + 0.3 * spent
             frames = sum(job.cost for _, _, job in jobs)
             lanes = min(self.codec.parallel, max(1, len(jobs)))  # (a lane's time per frame)
-            self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * spent * lanes / max(1, frames)
+            per_frame = spent * lanes / max(1, frames)
+            self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * per_frame
+            if not any(s.batch for s, _, _ in jobs):  # (what a live session waits: a round the lane sits out)
+                self.round_s = 0.7 * self.round_s + 0.3 * spent
+                self.live_frame_cost_s = 0.7 * self.live_frame_cost_s + 0.3 * per_frame
 
     def _deliver(self, jobs: list[Job], results: list[Any] | Exception, now: float, out: AudioOutcome) -> None:
         if isinstance(results, Exception):
