@@ -147,6 +147,32 @@ def test_a_fault_in_one_session_fails_it_alone(stage, clean, monkeypatch):
                      "free_slots": 8, "gate": 0, "codec_states": 0}
 
 
+def test_a_caller_cancelled_while_its_call_runs_on_the_engine_thread_gets_no_late_answer(caplog):
+    """The answer of a call whose caller was cancelled meanwhile is dropped quietly (setting it on the
+    cancelled future raised InvalidStateError inside the event loop), and the loop goes on."""
+    import threading
+
+    async def go():
+        async with service(**SETTINGS) as tts:
+            inside, release = threading.Event(), threading.Event()
+
+            def slow():
+                inside.set()
+                assert release.wait(30)
+                return "late"
+
+            caller = asyncio.ensure_future(tts._loop.call(slow))
+            assert await asyncio.to_thread(inside.wait, 30)
+            caller.cancel()
+            release.set()
+            after = await tts._loop.call(lambda: "next")  # (answered after the late one was handed over)
+            await asyncio.sleep(0)
+            return caller.cancelled(), after
+
+    assert run(go()) == (True, "next")
+    assert not [r for r in caplog.records if r.name == "asyncio"], [r.getMessage() for r in caplog.records]
+
+
 def test_a_message_that_raises_does_not_stop_the_engine_loop():
     async def go():
         async with service(**SETTINGS) as tts:

@@ -52,11 +52,13 @@ class EngineLoop:
 
         def run() -> None:
             try:
-                result = fn()
+                outcome = (done.set_result, fn())
             except Exception as e:  # handed to the caller
-                loop.call_soon_threadsafe(done.set_exception, e)
-            else:
-                loop.call_soon_threadsafe(done.set_result, result)
+                outcome = (done.set_exception, e)
+            try:
+                loop.call_soon_threadsafe(_settle, done, *outcome)
+            except RuntimeError:  # (its event loop has closed: nobody waits)
+                pass
 
         if not self.post(run):
             raise ServiceUnavailable("the service is shutting down")
@@ -126,3 +128,9 @@ class EngineLoop:
         except queue.Empty:
             pass
         return items
+
+
+def _settle(future: asyncio.Future, how: Callable[[Any], None], value: Any) -> None:
+    """(On the caller's loop.) The result for a caller still waiting: one that was cancelled meanwhile is not."""
+    if not future.done():
+        how(value)
