@@ -237,7 +237,9 @@ class AudioPipeline:
             self.frame_cost_s = 0.7 * self.frame_cost_s + 0.3 * per_frame
             if not any(s.batch for s, _, _ in jobs):  # (what a live session waits: a round the lane sits out)
                 self.round_s = 0.7 * self.round_s + 0.3 * spent
-                self.live_frame_cost_s = 0.7 * self.live_frame_cost_s + 0.3 * per_frame
+                # (from its first sample: a mean that starts at 0 would promise cheap frames for a while)
+                self.live_frame_cost_s = 0.7 * self.live_frame_cost_s + 0.3 * per_frame if self.live_frame_cost_s \
+                    else per_frame
 
     def _deliver(self, jobs: list[Job], results: list[Any] | Exception, now: float, out: AudioOutcome) -> None:
         if isinstance(results, Exception):

@@ -67,8 +67,7 @@ class Lexicons:
         self._store: LexiconRegistry | None = None
         self._lock = threading.Lock()
         self._cache: dict[str, _Copy] = {}  # account -> its copy
-        # account -> changes made here: a read begun before the last one is not kept (it may miss it)
-        self._generation: dict[str, int] = {}
+        self._generation = 0  # changes made here: a read begun before the last one is not kept (it may miss it)
         self._tables: dict[tuple[int, ...], tuple[list[pls.Lexicon], pls.Aliases]] = {}  # built alias tables
 
     def _registry(self) -> LexiconRegistry:
@@ -172,7 +171,7 @@ class Lexicons:
         (noted as never read when there was none) and the error is raised."""
         registry = self._registry()
         with self._lock:
-            copy, generation = self._cache.get(account), self._generation.get(account, 0)
+            copy, generation = self._cache.get(account), self._generation
         known = {i: lex for i, _, _, lex in (copy.lexicons or [])} if copy is not None else {}
         try:
             fresh = []
@@ -183,13 +182,16 @@ class Lexicons:
                         lexicon = pls.parse(registry.get(row.id, account, with_pls=True).pls)
                     except UnknownLexicon:  # (deleted since the list was read)
                         continue
+                    except pls.PlsError as e:  # (stored before a stricter parser: the others still count)
+                        log.error("account %s: its lexicon %s no longer parses (%s): left out", account, row.id, e)
+                        continue
                 fresh.append((row.id, row.sha256, row.default, lexicon))
-        except Exception:
+        except DatabaseError:
             with self._lock:
                 self._cache.setdefault(account, _Copy(None, time.monotonic()))
             raise
         with self._lock:
-            if self._generation.get(account, 0) == generation:  # (else a change made here since: that read's is kept)
+            if self._generation == generation:  # (else a change made here since: the read after it is kept)
                 held = self._cache.get(account)
                 self._cache[account] = _Copy(fresh, held.used if held is not None else time.monotonic())
         return fresh
@@ -198,7 +200,10 @@ class Lexicons:
         """After this server changed the account's lexicons: its requests read the change from now on
         (or, when the database cannot be read just now, from the next refresh)."""
         with self._lock:
-            self._generation[account] = self._generation.get(account, 0) + 1
+            self._generation += 1
+            held = account in self._cache
+        if not held:  # (no copy: its first request reads one)
+            return
         try:
             await asyncio.to_thread(self._read, account)
         except Exception as e:  # noqa: BLE001 - the change is made: keep_fresh reads it again

@@ -58,6 +58,7 @@ class BatchRunner:
         self._started: set[int] = set()  # items whose task has begun (a task cancelled before it began never runs)
         self._resume_at = 0.0  # (loop time) no claims before it: backing off after a failure not an item's
         self._tasks: list[asyncio.Task] = []
+        self._stopping = False  # stop() was called: an item's end is not retried (the lease decides)
         self.scratch = Path(results.temp_dir())  # (this server's own folder in it, from the start)
 
     def start(self) -> None:
@@ -66,6 +67,7 @@ class BatchRunner:
 
     async def stop(self) -> None:
         """Stop claiming; items running here are given back (queued again at once for any server)."""
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
         for _, task in list(self.running.values()):
@@ -194,11 +196,14 @@ class BatchRunner:
                 duration_s=done.duration_s, audit_end=(done.audit.entry_id, ending) if done.audit.begun else None))
             ok = cancelled = False
             try:
-                try:
-                    ok = await asyncio.shield(finishing)
-                except asyncio.CancelledError:  # (its end may be committed all the same: learn whether it was)
-                    cancelled = True
-                    ok = await finishing
+                while True:
+                    try:
+                        ok = await asyncio.shield(finishing)
+                        break
+                    except asyncio.CancelledError:  # (its end may be committed all the same: learn whether it was)
+                        if finishing.cancelled():  # (the event loop itself is closing)
+                            raise
+                        cancelled = True
             finally:
                 if ok:
                     done.audit.finish(FINISHED, ending=ending)
@@ -217,8 +222,6 @@ class BatchRunner:
                 for k in await asyncio.to_thread(self.results.keys, f"{claim.batch_id}/{claim.line:06d}-"):
                     if k != key:
                         await asyncio.to_thread(self.results.delete_prefix, k)
-            if cancelled:  # (completed: the cancel has nothing left to do here)
-                raise asyncio.CancelledError
         except asyncio.CancelledError:
             await self._after_cancel(claim)
         except Exception:  # noqa: BLE001 - one item's failure never stops the runner
@@ -240,7 +243,7 @@ class BatchRunner:
             try:
                 return await asyncio.to_thread(self.store.finish, claim, self.server, **values)
             except DatabaseError as e:
-                if asyncio.get_running_loop().time() > give_up:
+                if self._stopping or asyncio.get_running_loop().time() > give_up:
                     log.warning("batch item %s/%s: its end could not be recorded (%s); it will run again",
                                 claim.batch_id, claim.custom_id, e)
                     return False
