@@ -19,6 +19,7 @@ from lyre.gpucheck.report import StageFailed
 from lyre.gpucheck.run import run
 from tests.support.gpucheck import H100, READY, context, fake_kit
 from tests.support.paths import REPO_ROOT
+from tests.support.waiting import until
 
 
 def test_on_a_machine_without_a_gpu_it_stops_at_the_environment_stage_saying_so(tmp_path):
@@ -102,7 +103,14 @@ def test_a_command_past_its_time_limit_is_stopped_with_every_process_it_started(
     assert run_logged(["bash", "-c", script], tmp_path / "log", tmp_path, timeout_s=3) == TIMED_OUT
     child = int(pidfile.read_text())
     stat = Path(f"/proc/{child}/stat")
-    assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z"  # gone, or dead and unreaped
+
+    def dead() -> bool:  # gone, or dead and unreaped (a SIGKILL takes effect when the child is next scheduled)
+        try:
+            return stat.read_text().split(")")[1].split()[0] == "Z"
+        except FileNotFoundError:
+            return True
+
+    until(dead, 30, f"process {child} (its group was killed) to die")
     assert run_logged(["bash", "-c", "echo hi; exit 3"], tmp_path / "log2", tmp_path, timeout_s=60) == 3
     assert (tmp_path / "log2").read_text() == "hi\n"
 

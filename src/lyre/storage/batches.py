@@ -17,30 +17,24 @@ Blocking: run these in worker threads (:mod:`lyre.service.batch` does).
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import SQLAlchemyError
 
 from lyre.errors import IdempotencyConflict, QuotaExceeded, UnknownBatch
+from lyre.storage.clock import DatabaseClock, now_utc
 from lyre.storage.db import audit, batch_items, batches
 from lyre.storage.registry import database_errors, in_utc
 
 BATCH_ID_PATTERN = re.compile(r"batch_[A-Za-z0-9_-]{24}")
 ACTIVE, ENDED_ITEM = ("queued", "running"), ("completed", "failed", "cancelled", "expired")
 ITEM_STATES = (*ACTIVE, *ENDED_ITEM)
-CLOCK_CHECK_S = 60.0  # how often a store reads the database's clock (PostgreSQL)
-CLOCK_RETRY_S = 5.0  # after a failed read
-
-log = logging.getLogger("lyre.batch")
 
 
 @dataclass(frozen=True)
@@ -56,10 +50,6 @@ class Claim:
     attempt: int
 
 
-def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
-
-
 def unknown_batch(batch_id: Any) -> UnknownBatch:
     shown = batch_id if isinstance(batch_id, str) and BATCH_ID_PATTERN.fullmatch(batch_id) else "that id"
     return UnknownBatch(f"no batch {shown} (batches are visible only to the account that created them)")
@@ -68,27 +58,7 @@ def unknown_batch(batch_id: Any) -> UnknownBatch:
 class BatchStore:
     def __init__(self, engine: Engine, clock: Callable[[], datetime] = now_utc):
         self.engine = engine
-        self.clock = clock  # this machine's UTC time
-        self._offset = timedelta(0)  # the database's clock minus ours
-        self._offset_read: float | None = None  # (monotonic) when it was read
-
-    def now(self) -> datetime:
-        """The time every server sharing the database agrees on (see the module's docstring)."""
-        if self.engine.dialect.name == "postgresql" and (
-                self._offset_read is None or time.monotonic() - self._offset_read >= CLOCK_CHECK_S):
-            try:
-                with self.engine.connect() as c:
-                    before = self.clock()
-                    theirs = in_utc(c.execute(sa.select(sa.func.now())).scalar())
-                    after = self.clock()
-                self._offset = theirs - (before + (after - before) / 2)
-                if abs(self._offset) > timedelta(seconds=5):
-                    log.warning("batch: this server's clock is %.1f s off the database's: leases use the "
-                                "database's", -self._offset.total_seconds())
-                self._offset_read = time.monotonic()
-            except SQLAlchemyError:  # (the last offset is kept; tried again in a few seconds, not on every call)
-                self._offset_read = time.monotonic() - CLOCK_CHECK_S + CLOCK_RETRY_S
-        return self.clock() + self._offset
+        self.now = DatabaseClock(engine, clock).now  # the time every server sharing the database agrees on
 
     # --- batches ---------------------------------------------------------------------------------
 
