@@ -1,6 +1,7 @@
 """The ``TokenEngine`` contract, run against every backend.
 
-- ``torch``: the PyTorch engine on the demo checkpoint;
+- ``torch``: the PyTorch engine on the demo checkpoint; ``torch-on-device``: the same with its audio rows
+  decoded and sampled by the on-device step (which a GPU captures as CUDA graphs), run here eagerly;
 - ``trtllm-fake-bindings``: the TensorRT-LLM engine over ``tests/support/fake_trtllm.py`` (a FAKE of the
   executor bindings: what the adapter does with them, not what a GPU does);
 - ``trtllm``: the TensorRT-LLM engine over the real library. It needs a CUDA GPU, TensorRT-LLM and
@@ -40,10 +41,11 @@ def real_trtllm_engine():
     return TrtllmEngine(TrtllmEngineConfig.from_config(cfg, manifest))
 
 
-@pytest.fixture(params=["torch", "trtllm-fake-bindings", "trtllm"])
+@pytest.fixture(params=["torch", "torch-on-device", "trtllm-fake-bindings", "trtllm"])
 def engine(request, demo_dir, tmp_path):
-    if request.param == "torch":
-        e = make_engine(demo_dir / "llama", slots=CAPACITY, max_batch_size=CAPACITY, max_seq_len=128)
+    if request.param.startswith("torch"):
+        e = make_engine(demo_dir / "llama", slots=CAPACITY, max_batch_size=CAPACITY, max_seq_len=128,
+                        static_decode=request.param == "torch-on-device")
     elif request.param == "trtllm-fake-bindings":
         e = fake_trtllm.lockstep(TrtllmEngine(TrtllmEngineConfig(str(tmp_path), max_batch_size=CAPACITY,
                                                                   max_seq_len=128), bindings=fake_trtllm))

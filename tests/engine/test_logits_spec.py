@@ -1,6 +1,6 @@
 """One specification of what happens to a step's logits before the draw, held to both engines: the
-PyTorch engine's sampler and the TensorRT-LLM backend's batched logits post-processor (called as
-TensorRT-LLM 1.2.1's executor calls it; its own repetition penalty is never set, see
+PyTorch engine's samplers (the host's, and the audio rows' on the device) and the TensorRT-LLM
+backend's batched logits post-processor (called as TensorRT-LLM 1.2.1's executor calls it; its own repetition penalty is never set, see
 ``test_the_executor_penalty_is_never_set``).
 
 The specification (:func:`specified`):
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import lyre.engine.torch.sampler as torch_sampler
+import lyre.engine.torch.slot_sampling as slot_sampling
 from lyre.engine.base import GenerationRequest, SamplingParams
 from lyre.engine.torch.constrained import BAND
 from lyre.engine.torch.sequence import Sequence
@@ -172,6 +173,36 @@ def test_the_torch_engine_sampler_meets_the_specification(monkeypatch):
         got[i] = row
     for i, (prompt, generated, p) in enumerate(all_cases):
         assert torch.equal(got[i], specified(rows[i], prompt, generated, p)), f"case {i}: {p}"
+
+
+def test_the_on_device_sampler_meets_the_specification(monkeypatch):
+    """The audio rows' sampler on the device (its history kept as window counts, written by the
+    tokens each row generated) gives the draw what the specification says, for every case it takes:
+    constrained from the first token (the prompt ends with start-of-speech)."""
+    all_cases = [case for case in cases() if case[0][-1] == SOS and case[2].constrain_audio]
+    rows = logits_rows(len(all_cases))
+    drawn: list[torch.Tensor] = []
+    draw = slot_sampling.sample_rows
+
+    def capture(logits, *args):
+        drawn.append(logits.clone())
+        return draw(logits, *args)
+
+    monkeypatch.setattr(slot_sampling, "sample_rows", capture)
+    n = len(all_cases)
+    state = slot_sampling.SlotSampling(n, 256, torch.device("cpu"))
+    for i, (_, generated, p) in enumerate(all_cases):
+        state.admit(i, p, seed=i)
+        for j, t in enumerate(generated):  # what sampling each token recorded
+            state._record(torch.tensor([i]), torch.tensor([True]), torch.tensor([j]),
+                          torch.tensor([t - orpheus.AUDIO_TOKEN_OFFSET]))
+    generated = torch.tensor([len(g) for _, g, _ in all_cases])
+    state.sample(TableModel(rows), torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n),
+                 torch.ones(n, dtype=torch.bool), generated % 7, generated)
+    assert len(drawn) == 1 and n > 15
+    for i, (prompt, gen, p) in enumerate(all_cases):
+        got = full_row(drawn[0][i], code(len(gen), 0), True)
+        assert torch.equal(got, specified(rows[i], prompt, gen, p)), f"case {i}: {p}"
 
 
 # --------------------------------------------------------------------------------------------

@@ -118,6 +118,9 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
         monkeypatch.setattr(engine.sampler, "draw", sampling)
         return
     assert stage in ("prefill", "decode"), stage
+    if stage == "decode" and engine.audio is not None:  # audio rows decode by the on-device step
+        monkeypatch.setattr(engine, "audio", _PoisonedStep(engine.audio, poisoned, fault))
+        return
     forward = engine.model.forward
 
     def forward_pass(batch, cache):
@@ -128,6 +131,21 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
 
     monkeypatch.setattr(engine.model, "forward", forward_pass)
 
+
+
+class _PoisonedStep:
+    """An engine's on-device audio step that raises when a poisoned sequence takes part."""
+
+    def __init__(self, step, poisoned: Callable, fault: Exception):
+        self.step, self.poisoned, self.fault = step, poisoned, fault
+
+    def __call__(self, seqs):
+        if any(self.poisoned(s) for s in seqs):
+            raise self.fault
+        return self.step(seqs)
+
+    def __getattr__(self, name):
+        return getattr(self.step, name)
 
 
 TORCH_THREADS = torch.get_num_threads()  # the process's default, read when the tests are collected

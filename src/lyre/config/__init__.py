@@ -19,6 +19,7 @@ from lyre.config.schema import (
     AuditConfig,
     BuildConfig,
     CodecConfig,
+    EngineConfig,
     KVCacheConfig,
     LyreConfig,
     ModelConfig,
@@ -32,7 +33,7 @@ from lyre.config.schema import (
 )
 
 __all__ = [
-    "DEFAULT_CONFIG_PATH", "AuditConfig", "BuildConfig", "CodecConfig", "ConfigError", "KVCacheConfig", "LyreConfig",
+    "DEFAULT_CONFIG_PATH", "AuditConfig", "BuildConfig", "CodecConfig", "ConfigError", "EngineConfig", "KVCacheConfig", "LyreConfig",
     "ModelConfig", "RivaConfig", "SamplingConfig", "SchedulerConfig", "ServerConfig", "TuningProfile",
     "VoicesConfig", "WatermarkConfig", "add_config_arguments", "apply_overrides", "config_from_args",
     "config_to_dict", "load_config",

@@ -102,6 +102,12 @@ class KVCacheConfig(Section):
     enable_block_reuse: bool = True
 
 
+class EngineConfig(Section):
+    # on a GPU, the PyTorch engine's decode steps (Orpheus, Qwen3-TTS) are CUDA graphs captured at start (a failed
+    # capture stops the start, naming the bucket); false: the same steps run eagerly (launch-bound: several times slower)
+    cuda_graphs: bool = True
+
+
 MIN_TEMPERATURE = 0.01
 
 
@@ -367,6 +373,7 @@ class LyreConfig(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     codec: CodecConfig = Field(default_factory=CodecConfig)
     kv_cache: KVCacheConfig = Field(default_factory=KVCacheConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     profile: str = "conversational"

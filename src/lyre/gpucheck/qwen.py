@@ -78,8 +78,7 @@ def stage_qwen(ctx: Context) -> tuple[str, list[str], dict[str, Any]]:
         runs[name] = (*scenario(engine, family, tokenizer), engine)
     (want, eager_s, n), (got, graph_s, _) = runs["eager"][:3], runs["graphs"][:3]
     engine = runs["graphs"][3]
-    captured = sum(g is not None for g in engine.static._captured.values())
-    cp = sum(g is not None for g in engine.sampler.loop._captured.values())
+    captured, cp = len(engine.static._captured), len(engine.sampler.loop._captured)  # (a failed capture raises)
     details = [f"{len(want)} requests, {sum(len(c) for c in want.values()) // 16} frames in {n} steps",
                f"eager static steps: {1000 * eager_s / n:.2f} ms a step; captured: {1000 * graph_s / n:.2f} ms a step",
                f"graphs captured: {captured} talker (slot x length buckets), {cp} code predictor (batch x width)"]
@@ -87,8 +86,6 @@ def stage_qwen(ctx: Context) -> tuple[str, list[str], dict[str, Any]]:
     if got.keys() != want.keys() or bad:
         first = bad[0] if bad else "?"
         raise StageFailed(f"the captured steps' frames differ from the eager ones (request {first})", details)
-    if on_gpu and (not captured or not cp):
-        raise StageFailed("no CUDA graph was captured (see the log for each capture's error)", details)
     speedup = eager_s / graph_s if graph_s else 0.0
     return (f"the captured steps make the eager steps' frames ({captured} + {cp} graphs; {speedup:.1f}x the eager "
             f"step's speed)", details, {"steps": n, "eager_ms_per_step": round(1000 * eager_s / n, 3),

@@ -40,15 +40,18 @@ class DeviceTraffic(TorchDispatchMode):
         self.cache_storage = {cache.k.untyped_storage().data_ptr(), cache.v.untyped_storage().data_ptr()}
         self.read_backs: Counter[str] = Counter()
         self.cache_copies = 0
+        self.largest_cache_copy = 0  # elements
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func in READ_BACKS:
             self.read_backs[str(func)] += 1
         if func in INDEXING and any(i is not None and i.dtype == torch.bool for i in args[1]):
             self.read_backs[f"{func} with a bool mask"] += 1  # a nonzero() inside
+        out = func(*args, **(kwargs or {}))
         if func in GATHERS and args[0].untyped_storage().data_ptr() in self.cache_storage:
             self.cache_copies += 1
-        return func(*args, **(kwargs or {}))
+            self.largest_cache_copy = max(self.largest_cache_copy, out.numel())
+        return out
 
 
 @pytest.fixture
@@ -121,10 +124,16 @@ def test_attention_reads_the_kv_cache_in_place_whatever_the_order_of_slots(demo_
     assert [reference[r][-1].finish_reason for r in ("s1", "s4")] == ["cancelled", "cancelled"]
 
 
-def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir, tolist_calls):
-    engine = make_engine(demo_dir / "llama", slots=8, max_batch_size=8, max_prefill_tokens=16)
+@pytest.mark.parametrize("on_device", [False, True])
+def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir, tolist_calls, on_device):
+    """Audio rows on the device or on the host, beside full-vocabulary rows and prompt chunks: one
+    read-back a step, and no copy of any slot's K/V (the on-device step reads each row's K/V in place
+    and writes back only the position a row that does not decode would have written)."""
+    engine = make_engine(demo_dir / "llama", slots=8, max_batch_size=8, max_prefill_tokens=16,
+                         static_decode=on_device)
     per_step: list[tuple[int, int, int]] = []  # (rows sampled, tolist calls, other read-backs)
     step = engine.step
+    one_position = engine.cfg.slots * engine.model.cfg.num_key_value_heads * engine.model.cfg.head_dim
 
     def counted_step(order=None):
         before = tolist_calls[0]
@@ -133,6 +142,7 @@ def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir
         per_step.append((sum(bool(d.token_ids) for d in deltas), tolist_calls[0] - before,
                          sum(traffic.read_backs.values())))
         assert not traffic.read_backs, traffic.read_backs
+        assert traffic.largest_cache_copy <= one_position  # (at most one position of every slot, never a slot)
         return deltas
 
     engine.step = counted_step
@@ -146,11 +156,14 @@ def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir
     assert len(out) == 12 and all(out[r][-1].finish_reason in ("length", "stop") for r in out)
     assert max(rows for rows, _, _ in per_step) == 8  # full batches ...
     assert all(calls == (1 if rows else 0) for rows, calls, _ in per_step)  # ... read back once a step
+    assert (engine.audio is not None and engine.audio.steps > 10) == on_device
     free = [tokens_of(out[f"r{i}"]) for i in range(12) if i % 3 == 2]
     assert any(not orpheus.is_audio_id(t) for tokens in free for t in tokens)  # full-vocabulary rows ran too
 
 
-def test_attention_never_runs_on_cudnn_whose_plan_is_rebuilt_for_every_new_kv_length(demo_dir, monkeypatch):
+@pytest.mark.parametrize("on_device", [False, True])
+def test_attention_never_runs_on_cudnn_whose_plan_is_rebuilt_for_every_new_kv_length(demo_dir, monkeypatch,
+                                                                                    on_device):
     """cuDNN's SDPA builds a plan per shape, and a decode step's K/V length is new every step (on an
     H200, 10 ms per call against 0.08 ms for a length seen before): every attention call of a step
     runs with cuDNN's backend off, and the process's setting is left as it was."""
@@ -163,7 +176,7 @@ def test_attention_never_runs_on_cudnn_whose_plan_is_rebuilt_for_every_new_kv_le
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
     before = torch.backends.cuda.cudnn_sdp_enabled()
-    engine = make_engine(demo_dir / "llama")
+    engine = make_engine(demo_dir / "llama", static_decode=on_device)
     for i in range(3):
         engine.add(GenerationRequest(f"r{i}", prompt(i), SamplingParams(max_tokens=9, min_tokens=9, seed=i)))
     while engine.has_work():

@@ -214,8 +214,9 @@ def test_stop_ids_and_a_full_slot_finish_requests(engine, eos_happy_dir):
     assert tokens_of(out["stop"]) == [first] and out["stop"][-1].finish_reason == "stop"
 
 
-def test_end_of_speech_only_at_frame_boundaries(eos_happy_dir):
-    eng = make_engine(eos_happy_dir, slots=4, max_batch_size=4)
+@pytest.mark.parametrize("on_device", [False, True])
+def test_end_of_speech_only_at_frame_boundaries(eos_happy_dir, on_device):
+    eng = make_engine(eos_happy_dir, slots=4, max_batch_size=4, static_decode=on_device)
     arrivals = {0: [GenerationRequest(f"e{i}", AUDIO_PROMPT, SamplingParams(max_tokens=200, seed=i, temperature=1.0,
                                                                             top_p=1.0)) for i in range(4)]}
     out = drive(eng, arrivals)
@@ -228,8 +229,9 @@ def test_end_of_speech_only_at_frame_boundaries(eos_happy_dir):
     assert len(set(lengths)) > 1  # the stop came at different frames, not at a fixed length
 
 
-def test_min_tokens_holds_back_the_stop(eos_happy_dir):
-    eng = make_engine(eos_happy_dir, slots=4, max_batch_size=4)
+@pytest.mark.parametrize("on_device", [False, True])
+def test_min_tokens_holds_back_the_stop(eos_happy_dir, on_device):
+    eng = make_engine(eos_happy_dir, slots=4, max_batch_size=4, static_decode=on_device)
     params = SamplingParams(max_tokens=200, min_tokens=50, seed=3, temperature=1.0, top_p=1.0)
     out = drive(eng, {0: [GenerationRequest(f"m{i}", AUDIO_PROMPT, params) for i in range(4)]})
     for i in range(4):  # this model says end-of-speech at the first frame boundary it may
@@ -239,12 +241,14 @@ def test_min_tokens_holds_back_the_stop(eos_happy_dir):
     assert len(tokens_of(free["free"])) < 50
 
 
-@pytest.mark.parametrize("stage", ["prefill", "decode", "sampling"])
-def test_a_failing_step_fails_only_the_request_that_causes_it(demo_dir, stage, monkeypatch):
+@pytest.mark.parametrize("stage, on_device", [("prefill", False), ("decode", False), ("sampling", False),
+                                               ("prefill", True), ("decode", True)])
+def test_a_failing_step_fails_only_the_request_that_causes_it(demo_dir, stage, on_device, monkeypatch):
     """A batched step that raises runs again request by request: only the poisoned request ends, with
-    an error; the others in that step (seeded) get exactly the tokens they get without the fault."""
+    an error; the others in that step (seeded) get exactly the tokens they get without the fault. The
+    same with the audio rows' on-device step (a CPU runs it eagerly)."""
     def generate(fault: bool):
-        eng = make_engine(demo_dir / "llama", slots=4, max_batch_size=4)
+        eng = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=on_device)
         if fault:
             poison(monkeypatch, eng, stage, "bad", after=3)
         requests = [GenerationRequest(rid, speech_prompt(i), SamplingParams(max_tokens=20, seed=i))
@@ -278,6 +282,13 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_full_batch(demo_d
     assert other != solo
 
 
+@pytest.fixture(scope="module")
+def on_device_engine(demo_dir):
+    return make_engine(demo_dir / "llama", slots=4, max_batch_size=4, max_prefill_tokens=16, max_seq_len=128,
+                       static_decode=True)
+
+
+@pytest.mark.parametrize("which", ["host", "on-device"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     seed=st.integers(0, 2**31),
@@ -289,8 +300,9 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_full_batch(demo_d
     stagger=st.integers(0, 6),
 )
 def test_constrained_sampling_never_emits_an_invalid_audio_id(
-    engine, seed, temperature, top_p, top_k, penalty, window, stagger
+    engine, on_device_engine, which, seed, temperature, top_p, top_k, penalty, window, stagger
 ):
+    engine = on_device_engine if which == "on-device" else engine
     params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, repetition_penalty=penalty,
                             repetition_window=window, max_tokens=30, seed=seed)
     arrivals = {0: [GenerationRequest("a", AUDIO_PROMPT, params)]}

@@ -29,6 +29,7 @@ from lyre.engine.qwen3.request import FrameRequest, FrameSequence
 from lyre.engine.qwen3.sampler import Frame, FrameSampler
 from lyre.engine.torch.engine import TorchEngine, TorchEngineConfig
 from lyre.engine.torch.llama import ForwardBatch
+from lyre.engine.torch.sampler import Sampled
 from lyre.engine.torch.sequence import Sequence
 from lyre.engine.torch.transfer import upload
 from lyre.model import checkpoint
@@ -52,10 +53,11 @@ class QwenEngine(TorchEngine):
                  graphs: bool | None = None):
         """``static_decode``: decode-only steps over static shapes (:mod:`.decode_graph`; default: on a
         GPU, where they are CUDA graphs; on a CPU the eager static step only serves the tests).
-        ``graphs``: capture CUDA graphs (default: on a GPU; off there, the same code runs eagerly)."""
+        ``graphs``: capture CUDA graphs (default: on a GPU unless ``engine.cuda_graphs`` is off; without
+        them the same code runs eagerly). A capture that fails stops the start (GraphCaptureError)."""
         super().__init__(talker.decoder, config)
         self.talker = talker
-        graphs = self.device.type == "cuda" if graphs is None else graphs
+        graphs = self.device.type == "cuda" and config.cuda_graphs if graphs is None else graphs
         # (the code predictor's 15-pass loop: one CUDA graph per batch bucket on a GPU, eager elsewhere)
         self.sampler = FrameSampler(talker, config.slots, self.device, graphs=graphs)
         static = graphs if static_decode is None else static_decode
@@ -79,6 +81,10 @@ class QwenEngine(TorchEngine):
         device = torch.device(config.device)
         return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode,
                    graphs)
+
+    def _audio_step(self) -> None:
+        """None: a talker's rows are frames, stepped by :class:`StaticDecode` and the frame sampler."""
+        return None
 
     # --- the contract ---------------------------------------------------------------------------
 
@@ -151,6 +157,10 @@ class QwenEngine(TorchEngine):
         if isinstance(batch, StaticStep):
             return self.static(batch.rows, batch.slots, batch.positions)  # (N, H)
         return super()._forward(batch)
+
+    def _start_sampling(self, seqs: list[FrameSequence], hidden: torch.Tensor) -> list[Sampled]:
+        """A frame per sampling row (the frame sampler reads the device itself: codebook 0, then codes)."""
+        return [Sampled(seqs, *self.sampler.sample(seqs, hidden))] if seqs else []
 
     # --- postprocess ----------------------------------------------------------------------------
 

@@ -19,6 +19,12 @@ With ``constrain_audio``, once a request is past start-of-speech only the 4096 i
 frame slot (plus end-of-speech at frame boundaries) can be sampled, and only those rows of
 ``lm_head`` are computed.
 
+On a GPU (``on_device_decode``), requests constrained from their first token (their prompt ends with
+start-of-speech: every Orpheus speech request) decode by the on-device audio step
+(:mod:`lyre.engine.torch.audio_step`): the decoder over static shapes and their sampling on the
+device, one CUDA graph per (slot bucket, length bucket), captured at start. Prompt chunks and other
+rows run the host step above in the same ``step()``, and the step's tokens are read back once.
+
 ``add`` puts a request into the lowest free slot at once, or returns False when none is free: the
 engine keeps no queue and never asks its caller anything.
 
@@ -34,62 +40,25 @@ import collections.abc
 import itertools
 import logging
 import random
-from dataclasses import dataclass
 
 import torch
 
-from lyre.config import LyreConfig
 from lyre.cpu import LEDGER
 from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_prompt
+from lyre.engine.torch.audio_step import AudioStep
+from lyre.engine.torch.config import TorchEngineConfig
 from lyre.engine.torch.host_heap import keep_freed_memory
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.quantize import quantize
 from lyre.engine.torch.sampler import StepSampler
 from lyre.engine.torch.sequence import Sequence, SlotPool
+from lyre.engine.torch.slot_sampling import SlotSampling, audio_head
+from lyre.engine.torch.transfer import to_host, upload
 from lyre.model import checkpoint, orpheus
 
 log = logging.getLogger("lyre.engine")
 
-
-
-@dataclass(frozen=True)
-class TorchEngineConfig:
-    slots: int = 32  # KV cache slots (scheduler.max_concurrent_sessions)
-    max_batch_size: int = 16  # decoding requests per forward
-    max_seq_len: int = 4096  # tokens per slot
-    max_prefill_tokens: int = 512  # prompt tokens per forward
-    device: str = "cpu"
-    dtype: torch.dtype = torch.float32  # weights and activations
-    kv_dtype: torch.dtype = torch.float32
-    prefix_cache_bytes: int = 0  # kept prefixes' K/V (voices.prefix_cache_mb); 0 = none kept
-    quantize: str = "none"  # int8: the decoder layers' linears with int8 weights (CPU; lyre.engine.torch.quantize)
-    keep_freed_memory: bool = False  # CPU: glibc keeps freed step memory (lyre.engine.torch.host_heap)
-
-    @classmethod
-    def from_config(cls, cfg: LyreConfig) -> TorchEngineConfig:
-        device = cfg.model.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        on_gpu = device == "cuda"
-
-        def pick(name: str) -> torch.dtype:
-            if name == "auto":
-                return torch.float16 if on_gpu else torch.float32
-            return getattr(torch, name)
-
-        return cls(
-            slots=cfg.scheduler.max_concurrent_sessions,
-            max_batch_size=cfg.scheduler.max_batch_size,
-            max_seq_len=cfg.kv_cache.max_seq_len,
-            max_prefill_tokens=cfg.scheduler.max_prefill_tokens,
-            device=device,
-            dtype=pick(cfg.model.dtype),
-            kv_dtype=pick(cfg.kv_cache.dtype),
-            prefix_cache_bytes=cfg.voices.prefix_cache_mb * 2**20,
-            quantize=cfg.model.quantize,
-            keep_freed_memory=cfg.model.keep_freed_memory,
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -118,6 +87,19 @@ class TorchEngine:
         self.prompt_tokens = self.prefilled_tokens = 0
         self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         self._forgotten: set[str] = set()  # prefix names never to keep again (deleted voices)
+        self.audio = self._audio_step()  # audio rows' decode step on the device, or None
+
+    def _audio_step(self) -> AudioStep | None:
+        """The step of audio rows on the device (None: every row runs the host step), its CUDA graphs
+        captured now on a GPU (GraphCaptureError: the bucket that failed)."""
+        if not self.cfg.on_device_decode:
+            return None
+        sampling = SlotSampling(self.cfg.slots, self.cfg.max_seq_len, self.device, audio_head(self.model))
+        step = AudioStep(self.model, self.cache, sampling, graphs=self.cfg.cuda_graphs and self.device.type == "cuda")
+        if step.graphs:
+            with torch.inference_mode():
+                step.prepare()
+        return step
 
     @classmethod
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
@@ -144,10 +126,14 @@ class TorchEngine:
         request.sampling.validate()
         if not self.slots.free:
             return False
-        seed = request.sampling.seed
-        generator = torch.Generator().manual_seed(seed if seed is not None else random.getrandbits(63))
+        seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
+        generator = torch.Generator().manual_seed(seed)
         seq = self._sequence(request, generator)
         self.slots.admit(seq)
+        if self.audio is not None and seq.constrained and request.prompt_len and seq.audio_k == 0:
+            seq.on_device = True  # constrained from its first token: sampled on the device
+            with torch.inference_mode():
+                self.audio.sampling.admit(seq.slot, request.sampling, seed)
         self._reuse_prefix(seq)
         self.prompt_tokens += request.prompt_len
         self.total_requests += 1
@@ -240,17 +226,31 @@ class TorchEngine:
         return deltas + self._isolate(decode, prefill)
 
     def _run(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
-        """build -> forward -> sample -> postprocess. On failure every sequence is as it was before
+        """build -> forward -> sample -> postprocess, the step's tokens read back from the device once.
+        Audio rows decode by their own step on the device (``self.audio``), last: it moves their sampling
+        state on the device, so nothing after it may fail. On failure every sequence is as it was before
         (positions, random generators), so the step can be run again: a forward that failed midway
         may have written K/V at these positions, and a retry writes the same positions again."""
         seqs = decode + [seq for seq, _ in prefill]
         saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
+        on_device = [s for s in decode if s.on_device]
+        if on_device:
+            decode = [s for s in decode if not s.on_device]
         try:
-            batch, samplers = self._build(decode, prefill)
-            with LEDGER.measure("model"):
-                hidden = self._forward(batch)  # (N, H): one row per sampling sequence
-            with LEDGER.measure("sampling"):
-                tokens, logits, logit_ids = self.sampler.sample(samplers, hidden)
+            pending = []
+            if decode or prefill:
+                batch, samplers = self._build(decode, prefill)
+                with LEDGER.measure("model"):
+                    hidden = self._forward(batch)  # (N, H): one row per sampling sequence
+                with LEDGER.measure("sampling"):
+                    pending = self._start_sampling(samplers, hidden)
+            if on_device:
+                with LEDGER.measure("model"):
+                    pending.append(self.audio(on_device))
+                for s in on_device:
+                    s.num_cached += 1
+            samplers = [s for p in pending for s in p.seqs]  # (in the order the parts finish)
+            tokens, logits, logit_ids = self._read_back(pending)
         except Exception:
             for s, (cached, rng) in zip(seqs, saved, strict=True):
                 s.num_cached = cached
@@ -261,6 +261,36 @@ class TorchEngine:
             self.prefilled_tokens += n
             self._keep_prefix(s)
         return self._postprocess(samplers, tokens, logits, logit_ids)
+
+    def _start_sampling(self, seqs: list[Sequence], hidden: torch.Tensor) -> list:
+        """The sampling of ``seqs`` (rows of ``hidden``) queued on the device, nothing read back: audio
+        rows by their on-device sampler, the others by the host-decided one. Each part has ``seqs``,
+        ``cols`` (to read back) and ``finish(cols read back)``."""
+        if not seqs:
+            return []
+        audio = [i for i, s in enumerate(seqs) if s.on_device]
+        if not audio:
+            return [self.sampler.start(seqs, hidden)]
+        rest = [i for i, s in enumerate(seqs) if not s.on_device]
+        parts = [self.audio.sample([seqs[i] for i in audio], hidden[upload(audio, self.device)])]
+        if rest:
+            parts.append(self.sampler.start([seqs[i] for i in rest], hidden[upload(rest, self.device)]))
+        return parts
+
+    def _read_back(self, pending: list) -> tuple[list[int], list, list]:
+        """Every part's choices in one read-back from the device, then each part finished, in order."""
+        device_cols = [p.cols for p in pending if p.cols is not None]
+        host = to_host(torch.cat(device_cols)) if device_cols else []
+        tokens, logits, logit_ids = [], [], []
+        at = 0
+        for p in pending:
+            n = 0 if p.cols is None else p.cols.shape[0]
+            t, lg, ids = p.finish(host[at : at + n])
+            at += n
+            tokens += t
+            logits += lg
+            logit_ids += ids
+        return tokens, logits, logit_ids
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model(batch, self.cache)

@@ -5,6 +5,8 @@ row's choice is read back from the device in one transfer per step."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from lyre.engine.torch.constrained import BAND, col_ids, constrained_logits, history_cols
@@ -23,10 +25,14 @@ class StepSampler:
     def sample(
         self, seqs: list[Sequence], hidden: torch.Tensor
     ) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
-        """One token per sequence: constrained rows and full-vocabulary rows sampled as two
-        batches, every row's choice read back from the device in one transfer for the step."""
-        if not seqs:  # prompt chunks only
-            return [], [], []
+        """One token per sequence, read back from the device (:meth:`start`, then :meth:`Pending.finish`)."""
+        pending = self.start(seqs, hidden)
+        return pending.finish(to_host(pending.cols) if pending.cols is not None else [])
+
+    def start(self, seqs: list[Sequence], hidden: torch.Tensor) -> Pending:
+        """One token per sequence, chosen on the device and not read back: constrained rows and
+        full-vocabulary rows sampled as two batches; the caller reads :attr:`Pending.cols` back with
+        the rest of its step, in one transfer."""
         logits_out: list[torch.Tensor | None] = [None] * len(seqs)
         ids_out: list[torch.Tensor | None] = [None] * len(seqs)
         parts = []  # (rows, their first ids, constrained, Draw)
@@ -50,15 +56,8 @@ class StepSampler:
                     ids_out[i] = col_ids(torch.arange(logits.shape[1], device=self.device), first_ids[j],
                                          is_constrained)
             parts.append((rows, first_ids, is_constrained, self.draw(group, logits, first_ids, is_constrained)))
-        chosen = to_host(torch.cat([d.cols for *_, d in parts]))  # the step's one read-back
-        tokens: list[int] = [0] * len(seqs)
-        at = 0
-        for rows, first_ids, is_constrained, d in parts:
-            cols = d.finish(chosen[at : at + len(rows)])
-            at += len(rows)
-            for i, first, col in zip(rows, first_ids, cols, strict=True):
-                tokens[i] = orpheus.END_OF_SPEECH if is_constrained and col == BAND else first + col
-        return tokens, logits_out, ids_out
+        cols = torch.cat([d.cols for *_, d in parts]) if parts else None
+        return Pending(seqs, parts, cols, logits_out, ids_out)
 
     def draw(self, seqs: list[Sequence], logits: torch.Tensor, first_ids: list[int], constrained: bool) -> Draw:
         """Chosen column per row, on the device: repetition penalty (in place: ``logits`` is this
@@ -80,3 +79,39 @@ class StepSampler:
             generators=[s.generator for s in seqs],
         )
         return draw_columns(logits, params)
+
+
+@dataclass
+class Pending:
+    """A sampling whose choices are still on the device: ``cols`` (n,), read back by the caller."""
+
+    seqs: list[Sequence]
+    parts: list  # (rows, their first ids, constrained, Draw)
+    cols: torch.Tensor | None
+    logits: list[torch.Tensor | None]
+    logit_ids: list[torch.Tensor | None]
+
+    def finish(self, chosen: list[int]) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """The tokens from ``chosen`` (``cols`` read back), and each row's recorded logits and their ids."""
+        tokens: list[int] = [0] * len(self.seqs)
+        at = 0
+        for rows, first_ids, is_constrained, d in self.parts:
+            cols = d.finish(chosen[at : at + len(rows)])
+            at += len(rows)
+            for i, first, col in zip(rows, first_ids, cols, strict=True):
+                tokens[i] = orpheus.END_OF_SPEECH if is_constrained and col == BAND else first + col
+        return tokens, self.logits, self.logit_ids
+
+
+@dataclass
+class Sampled:
+    """A sampling already read back (a sampler that reads the device itself): nothing left to read."""
+
+    seqs: list
+    tokens: list
+    logits: list
+    logit_ids: list
+    cols: None = None
+
+    def finish(self, chosen: list[int]) -> tuple[list, list, list]:
+        return self.tokens, self.logits, self.logit_ids

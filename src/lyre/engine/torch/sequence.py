@@ -28,6 +28,7 @@ class Sequence:
     next_input: int = -1  # token to feed at the next decode step
     cancelled: bool = False
     prefix_kept: bool = False  # its prefix is in the prefix cache (found there, or put there)
+    on_device: bool = False  # decoded and sampled by the engine's on-device audio step (audio_step.py)
     generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
 
     @property

@@ -1,0 +1,142 @@
+"""The Orpheus decode step on the device: the decoder over static shapes
+(:func:`lyre.engine.torch.static.static_forward`) and the audio rows' sampling
+(:class:`~lyre.engine.torch.slot_sampling.SlotSampling`) as one function of fixed buffers, replayed on
+a GPU as one CUDA graph per (slot bucket, length bucket), run eagerly elsewhere.
+
+A step's inputs are five numbers per row (valid, input token, position, frame slot, tokens generated)
+laid out by slot on the host, in pinned memory on a GPU, and copied to the device in one transfer;
+its outputs, the sampled ids of every row of the bucket and the logits they were drawn from, stay
+on the device until the engine reads the whole step's ids back, once. Nothing in a decode step
+depends on Python per sequence beyond filling those five numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from lyre.engine.torch.constrained import BAND, CONSTRAINED_COLS, col_ids
+from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
+from lyre.engine.torch.llama import KVCache, Llama
+from lyre.engine.torch.sequence import Sequence
+from lyre.engine.torch.slot_sampling import SlotSampling
+from lyre.engine.torch.static import MIN_LENGTH, bucket, buckets, static_forward
+from lyre.engine.torch.transfer import upload
+from lyre.model import orpheus
+
+log = logging.getLogger("lyre.engine")
+
+VALID, TOKEN, POSITION, FRAME, GENERATED = range(5)  # the rows of a step's input
+
+
+def decode_rows(model: Llama, cache: KVCache, sampling: SlotSampling, inputs: torch.Tensor, length: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One decode step of slots 0..R-1 from ``inputs`` (5, R): their K/V written in place, attention
+    over each slot's first ``length`` positions (masked to its own), a token sampled per valid row.
+    Returns the ids (R,) and the recorded logits (R, 4097); a gap row's are meaningless."""
+    r = inputs.shape[1]
+    valid = inputs[VALID] > 0
+    x = model.embed(inputs[TOKEN])  # (R, H)
+    hidden = static_forward(model, cache, x, inputs[POSITION], valid, length)  # (R, H)
+    slots = torch.arange(r, device=inputs.device)
+    return sampling.sample(model, hidden, slots, valid, inputs[FRAME], inputs[GENERATED])
+
+
+@dataclass
+class AudioPending:
+    """Tokens of audio rows still on the device: ``cols``, the ids of a step's rows, ``rows[i]`` the row
+    of ``seqs[i]`` in it; ``logits`` (rows, 4097) what they were drawn from."""
+
+    seqs: list[Sequence]
+    rows: list[int]
+    cols: torch.Tensor
+    logits: torch.Tensor
+
+    def finish(self, ids: list[int]) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
+        """The tokens from ``ids`` (``cols`` read back), and the logits of rows that record them."""
+        tokens = [ids[r] for r in self.rows]
+        logits: list[torch.Tensor | None] = [None] * len(self.seqs)
+        logit_ids: list[torch.Tensor | None] = [None] * len(self.seqs)
+        for i, (s, r) in enumerate(zip(self.seqs, self.rows, strict=True)):
+            if s.request.record_logits:
+                first = orpheus.AUDIO_TOKEN_OFFSET + (s.audio_k % orpheus.FRAME_TOKENS) * BAND
+                logits[i] = self.logits[r].clone()
+                logit_ids[i] = col_ids(torch.arange(CONSTRAINED_COLS, device=self.logits.device), first, True)
+        return tokens, logits, logit_ids
+
+
+class AudioStep:
+    """Runs decode steps of audio rows by :func:`decode_rows`: eagerly, or (``graphs``) by replaying the
+    graph of its (slot bucket, length bucket), every graph captured by :meth:`prepare` at start."""
+
+    def __init__(self, model: Llama, cache: KVCache, sampling: SlotSampling, graphs: bool = False):
+        self.model, self.cache, self.sampling, self.graphs = model, cache, sampling, graphs
+        device = cache.k.device
+        self.inputs = torch.zeros(5, cache.slots, dtype=torch.long, device=device)  # every graph reads its [:, :R]
+        self.host = torch.zeros(5, cache.slots, dtype=torch.long, pin_memory=device.type == "cuda")
+        self._copied: torch.cuda.Event | None = None  # the last copy out of ``host`` (a GPU's copy is asynchronous)
+        self._pool = GraphPool()
+        self._captured: dict[tuple[int, int], Graph] = {}
+        self.steps = self.gap_rows = 0  # decode steps run, and rows run for slots that did not decode
+
+    @property
+    def slot_buckets(self) -> list[int]:
+        return buckets(1, self.cache.slots)
+
+    @property
+    def length_buckets(self) -> list[int]:
+        return buckets(MIN_LENGTH, self.cache.max_seq_len)
+
+    def key(self, seqs: list[Sequence]) -> tuple[int, int]:
+        """(R, L): the slot and length buckets of a step decoding ``seqs``."""
+        return (bucket(max(s.slot for s in seqs) + 1, 1, self.cache.slots),
+                bucket(max(s.num_cached for s in seqs) + 1, MIN_LENGTH, self.cache.max_seq_len))
+
+    def __call__(self, seqs: list[Sequence]) -> AudioPending:
+        """A decode step of ``seqs`` (audio rows, each at its position ``num_cached``, fed its
+        ``next_input``); their positions are not advanced here."""
+        r, length = self.key(seqs)
+        self.steps, self.gap_rows = self.steps + 1, self.gap_rows + r - len(seqs)
+        if self._copied is not None:
+            self._copied.synchronize()  # (the last step's copy has left the pinned buffer: it was read back since)
+        host = self.host
+        host.zero_()
+        rows = torch.tensor([(1, s.next_input, s.num_cached, s.audio_k % orpheus.FRAME_TOKENS, s.num_generated)
+                             for s in seqs], dtype=torch.long)  # (N, 5)
+        host[:, [s.slot for s in seqs]] = rows.T
+        self.inputs.copy_(host, non_blocking=True)
+        if self.inputs.is_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
+        graph = self._captured.get((r, length))
+        if graph is not None:
+            ids, logits = graph.replay()
+        else:
+            assert not self.graphs, f"no CUDA graph for {r} slots and {length} positions (prepare() captures them all)"
+            ids, logits = decode_rows(self.model, self.cache, self.sampling, self.inputs[:, :r], length)
+        return AudioPending(seqs, [s.slot for s in seqs], ids, logits)
+
+    def sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> AudioPending:
+        """The first token of each of ``seqs`` (audio rows whose prompt was just prefilled) from their
+        normed hidden states (N, H), eagerly."""
+        host = torch.tensor([(s.slot, s.audio_k % orpheus.FRAME_TOKENS, s.num_generated) for s in seqs]).T  # (3, N)
+        slots, frame, generated = upload(host, hidden.device)
+        valid = torch.ones(len(seqs), dtype=torch.bool, device=hidden.device)
+        ids, logits = self.sampling.sample(self.model, hidden, slots, valid, frame, generated)
+        return AudioPending(seqs, list(range(len(seqs))), ids, logits)
+
+    def prepare(self) -> None:
+        """Capture every (slot bucket, length bucket) graph now, at start: a capture while serving would
+        hold up every stream. Raises GraphCaptureError naming the first bucket that fails."""
+        self.inputs.zero_()  # (warm-up and capture see only gap rows: they change nothing)
+        for r in self.slot_buckets:
+            for length in self.length_buckets:
+                if (r, length) not in self._captured:
+                    self._captured[(r, length)] = capture(
+                        lambda r=r, length=length: decode_rows(self.model, self.cache, self.sampling,
+                                                               self.inputs[:, :r], length),
+                        f"the decode step over {r} slots and {length} positions", self._pool)
+        log.info("decode step: %d CUDA graphs captured (slots %s x positions %s)", len(self._captured),
+                 self.slot_buckets, self.length_buckets)

@@ -1,0 +1,154 @@
+"""The audio rows' decode step on the device (``lyre.engine.torch.audio_step``): the static-shape step
+a GPU captures as CUDA graphs, run here eagerly through the same functions. It must give the host
+step's greedy tokens and logits for sessions joining and leaving at any step, keep each row's
+sampling its own (seeded draws, the penalty's window), change nothing for the slots it does not
+decode, and never fall back to eager in silence when a graph cannot be captured."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+
+from lyre.config import load_config
+from lyre.engine.base import GenerationRequest, SamplingParams
+from lyre.engine.torch.audio_step import AudioStep
+from lyre.engine.torch.cuda_graphs import GraphCaptureError
+from lyre.engine.torch.engine import TorchEngineConfig
+from lyre.engine.torch.slot_sampling import EOS_BIN, SlotSampling
+from lyre.model import orpheus
+from tests.support.engines import drive, make_engine, tokens_of
+
+
+def prompt(i: int) -> list[int]:
+    return [orpheus.START_OF_HUMAN, orpheus.BOS, *range(300 + 7 * i, 303 + 7 * i + i % 4), *orpheus.PROMPT_SUFFIX]
+
+
+def staggered(tag: str, greedy: bool, n: int = 10, seed: int = 3) -> dict[int, list[GenerationRequest]]:
+    """Sessions arriving over 15 steps with every kind of sampling: penalties with short windows and
+    with none, min_tokens, lengths that cross the 64- and 128-position buckets, recorded logits."""
+    rng = random.Random(seed)
+    arrivals: dict[int, list[GenerationRequest]] = {}
+    for i in range(n):
+        params = SamplingParams(
+            temperature=0.0 if greedy else rng.choice([0.6, 1.0, 1.4]), top_k=rng.choice([0, 0, 40]),
+            top_p=rng.choice([0.8, 1.0]), repetition_penalty=rng.choice([1.0, 1.1, 1.5]),
+            repetition_window=rng.choice([0, 3, 64]), min_tokens=rng.choice([0, 14]),
+            max_tokens=rng.choice([20, 70, 150]), seed=100 + i)
+        arrivals.setdefault(rng.randrange(15), []).append(
+            GenerationRequest(f"{tag}{i}", prompt(i), params, record_logits=i % 3 == 0))
+    return arrivals
+
+
+def test_greedy_tokens_and_logits_equal_the_host_steps(demo_dir):
+    """Sessions join and leave at different steps (slots reused, gap rows, every length bucket up to
+    256): the on-device step's greedy tokens are the host step's, and so are the recorded logits."""
+    host = drive(make_engine(demo_dir / "llama", slots=6, max_batch_size=6), staggered("s", greedy=True))
+    engine = make_engine(demo_dir / "llama", slots=6, max_batch_size=6, static_decode=True)
+    device = drive(engine, staggered("s", greedy=True))
+    assert engine.audio is not None and engine.audio.steps > 50 and engine.audio.gap_rows > 0
+    assert device.keys() == host.keys()
+    for rid in host:
+        assert tokens_of(device[rid]) == tokens_of(host[rid]), rid
+        assert device[rid][-1].finish_reason == host[rid][-1].finish_reason
+        got = [(d.logits, d.logits_ids) for d in device[rid] if d.logits is not None]
+        want = [(d.logits, d.logits_ids) for d in host[rid] if d.logits is not None]
+        assert len(got) == len(want)
+        for (g, gi), (w, wi) in zip(got, want, strict=True):
+            assert torch.equal(gi, wi) and torch.allclose(g, w, atol=1e-4), rid
+    assert max(len(tokens_of(d)) for d in device.values()) == 150  # (past 128 positions)
+
+
+def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_busy_batch(demo_dir):
+    """Each row draws from its own seed and position: alone, or joining a batch of other sessions in
+    another slot, it makes the same tokens; another seed makes others."""
+    params = SamplingParams(max_tokens=60, seed=1234)
+    alone = make_engine(demo_dir / "llama", slots=8, max_batch_size=8, static_decode=True)
+    solo = tokens_of(drive(alone, {0: [GenerationRequest("x", prompt(0), params)]})["x"])
+    crowd = make_engine(demo_dir / "llama", slots=8, max_batch_size=8, static_decode=True)
+    arrivals = staggered("o", greedy=False, n=6)
+    arrivals.setdefault(4, []).append(GenerationRequest("x", prompt(0), params))
+    assert tokens_of(drive(crowd, arrivals)["x"]) == solo and len(solo) == 60
+    other = drive(alone, {0: [GenerationRequest("y", prompt(0), SamplingParams(max_tokens=60, seed=99))]})
+    assert tokens_of(other["y"]) != solo
+    assert all(orpheus.is_audio_id(t) for t in solo)
+
+
+def test_the_penalty_window_on_the_device_holds_the_last_tokens_of_each_row(demo_dir):
+    """After every step, a row's counts are the bins of its last ``repetition_window`` tokens (all of
+    them for a window of 0): what the penalty reads."""
+    engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=True)
+    windows = {"w0": 0, "w3": 3, "w9": 9}
+    made: dict[str, list[int]] = {}
+    for rid, w in windows.items():
+        engine.add(GenerationRequest(rid, prompt(len(made)), SamplingParams(
+            temperature=1.5, top_p=1.0, repetition_penalty=1.2, repetition_window=w, max_tokens=40, seed=7)))
+        made[rid] = []
+    sampling = engine.audio.sampling
+    while engine.has_work():
+        slots = {rid: engine.slots.by_id[rid].slot for rid in made if rid in engine.slots.by_id}
+        for d in engine.step():
+            made[d.request_id] += d.token_ids
+        for rid, slot in slots.items():
+            if rid not in engine.slots.by_id:
+                continue  # (finished: its slot's state is the next request's to reset)
+            w = windows[rid]
+            recent = made[rid][-w:] if w else made[rid]
+            want = Counter(EOS_BIN if t == orpheus.END_OF_SPEECH else t - orpheus.AUDIO_TOKEN_OFFSET for t in recent)
+            row = sampling.counts[slot]
+            got = {int(b): int(row[b]) for b in row.nonzero().flatten()}
+            assert got == dict(want), (rid, len(made[rid]))
+    assert all(len(t) == 40 for t in made.values())
+
+
+def test_rows_that_do_not_decode_leave_their_slots_as_they_were(demo_dir):
+    """A step decoding only some slots of its bucket (others held by sessions the order skips)
+    changes nothing of the others: their K/V and their sampling state."""
+    engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=True)
+    for i in range(4):
+        engine.add(GenerationRequest(f"r{i}", prompt(i), SamplingParams(max_tokens=50, seed=i)))
+    for _ in range(5):
+        engine.step()
+    held = [engine.slots.by_id[r].slot for r in ("r1", "r2")]
+    k, v = engine.cache.k[:, held].clone(), engine.cache.v[:, held].clone()
+    counts, history = engine.audio.sampling.counts[held].clone(), engine.audio.sampling.history[held].clone()
+    for _ in range(4):
+        assert {d.request_id for d in engine.step(order=["r0", "r3"])} == {"r0", "r3"}
+    assert torch.equal(engine.cache.k[:, held], k) and torch.equal(engine.cache.v[:, held], v)
+    assert torch.equal(engine.audio.sampling.counts[held], counts)
+    assert torch.equal(engine.audio.sampling.history[held], history)
+
+
+def test_only_rows_constrained_from_their_first_token_run_on_the_device(demo_dir):
+    """A prompt without start-of-speech, or a request without the constraint, samples on the host
+    (over the whole vocabulary) beside the device's rows, in the same steps."""
+    engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=True)
+    requests = [GenerationRequest("audio", prompt(0), SamplingParams(max_tokens=20, seed=1)),
+                GenerationRequest("free", [orpheus.BOS, 400, 401], SamplingParams(max_tokens=20, seed=2)),
+                GenerationRequest("open", prompt(1), SamplingParams(max_tokens=20, seed=3, constrain_audio=False))]
+    out = drive(engine, {0: requests})
+    assert [engine.audio.steps > 0, all(len(tokens_of(out[r])) == 20 for r in out)] == [True, True]
+    assert all(orpheus.is_audio_id(t) for t in tokens_of(out["audio"]))
+    assert any(not orpheus.is_audio_id(t) for t in tokens_of(out["free"]) + tokens_of(out["open"]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the capture happens")
+def test_a_decode_step_that_cannot_be_captured_stops_the_start_naming_its_bucket(demo_dir):
+    """Never a silent fall back to eager (a fraction of the GPU's pace): the first bucket's capture
+    fails here (no GPU to capture on) and the error names it and the way out."""
+    engine = make_engine(demo_dir / "llama", slots=4, static_decode=True)
+    step = AudioStep(engine.model, engine.cache, SlotSampling(4, engine.cfg.max_seq_len, engine.device), graphs=True)
+    assert step.slot_buckets == [1, 2, 4] and step.length_buckets == [64, 128, 256]
+    with pytest.raises(GraphCaptureError, match=r"the decode step over 1 slots and 64 positions .*"
+                                                r"engine\.cuda_graphs: false"):
+        step.prepare()
+
+
+def test_engine_cuda_graphs_reaches_the_engine():
+    on = TorchEngineConfig.from_config(load_config(None, ["model.device=cpu"]))
+    off = TorchEngineConfig.from_config(load_config(None, ["model.device=cpu", "engine.cuda_graphs=false"]))
+    assert (on.cuda_graphs, off.cuda_graphs) == (True, False)
+    assert not on.on_device_decode  # (a CPU steps on the host: faster there)
+    assert TorchEngineConfig(device="cuda").on_device_decode and TorchEngineConfig(static_decode=True).on_device_decode
