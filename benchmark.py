@@ -120,11 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--find-max", action="store_true", help="bisect for the largest concurrency meeting --slo")
     load.add_argument("--slo", default="success=1.0,ttfb_p95_ms=150,underruns=0",
                       help='objectives, e.g. "success=1.0,ttfb_p95_ms=150,underruns=0"')
-    load.add_argument("--baseline", choices=["transformers", "llamacpp"],
+    load.add_argument("--baseline", choices=["transformers", "llamacpp", "reference"],
                       help="also measure a peer in the same run and report ratios: transformers (generate, one "
                            "request at a time) or llamacpp (llama.cpp's batched decoding of the checkpoint as "
                            "GGUF + SNAC over a sliding window, as Orpheus servers on a CPU run; needs .[peer]). "
-                           "Also in --mode engine (llamacpp)")
+                           "In --mode engine: llamacpp, or reference (the minimal static-KV decode step on the same "
+                           "weights, one CUDA graph on a GPU, eager on a CPU: the engine's step over it per level)")
     load.add_argument("--plot", type=Path, help="PNG: TTFB p50/p95 and real-time streams against concurrency")
     load.add_argument("--grid-policies", default="fair,deadline", help="tuning grid: policies")
     load.add_argument("--grid-batch", default="8,16", help="tuning grid: max_batch_size values")
@@ -203,6 +204,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     try:
+        if args.baseline == "reference" and (args.mode != "engine" or args.family != "orpheus"):
+            p.error("--baseline reference is a peer of --mode engine (Orpheus): the decode step alone")
         qwen_dir = _family(args, say)
         cfg = config_from_args(args)
         if args.mode == "engine" and qwen_dir is not None:

@@ -33,6 +33,25 @@ def test_engine_mode_writes_the_figures_and_a_table(bench, demo_dir, tmp_path):
     assert "engine, 3 concurrent" in run.stdout and "transformers, sequential" in run.stdout
 
 
+def test_engine_mode_times_the_reference_step_at_every_level(bench, demo_dir, tmp_path):
+    """--baseline reference: the minimal static-KV step on the same weights beside the engine's, a
+    ratio per level, the transformers run left out with --baseline-requests 0."""
+    out_file = tmp_path / "engine.json"
+    run = bench("--mode", "engine", "--checkpoint", str(demo_dir / "llama"), "--concurrency", "1,4",
+                "--max-tokens", "20", "--baseline-requests", "0", "--baseline", "reference", "--output", str(out_file))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out_file.read_text())
+    ref = result["reference"]
+    assert ref["context"] % 64 == 0 and 20 < ref["position"] < ref["context"] and ref["graphs"] is False
+    for lv in result["engine"]:
+        assert lv["reference_step_ms"] > 0 and lv["vs_reference"] == lv["step_ms_p50"] / lv["reference_step_ms"]
+        assert ref["step_ms"][str(lv["concurrency"])] == lv["reference_step_ms"]
+    assert result["transformers_sequential"]["skipped"] and "transformers, sequential" not in run.stdout
+    assert "vs reference" in run.stdout and "engine, 4 concurrent" in run.stdout
+    bad = bench("--mode", "scaling", "--baseline", "reference")
+    assert bad.returncode == 2 and "--baseline reference is a peer of --mode engine" in bad.stderr
+
+
 def test_unknown_mode_and_bad_levels_are_refused(bench):
     run = bench("--mode", "engine", "--concurrency", "0,2")
     assert run.returncode == 2 and "concurrency levels must be integers >= 1" in run.stderr

@@ -1,6 +1,8 @@
 """``benchmark.py --mode engine``: generated tokens per second of the token engine at several
 concurrencies, and of ``transformers``' ``generate`` run one request at a time on the same weights
-and prompts, in one run.
+and prompts, in one run; with ``--baseline reference``, the engine's step against the minimal static-KV
+step (:mod:`lyre.benchmarks.reference`) at each concurrency, with ``--baseline llamacpp`` against
+llama.cpp's batched decoding.
 
 Both sides sample with the configured parameters and ignore stop tokens so every request produces
 exactly ``max_tokens`` tokens. The engine runs with as many slots and as large a batch as the
@@ -142,6 +144,24 @@ def run_llamacpp_levels(cfg: LyreConfig, model_dir: Path, prompts: list[list[int
     return {"gguf": str(path), "type": kind, "threads": llama.threads, "levels": levels}
 
 
+def run_reference(engine: TorchEngine, engine_cfg: TorchEngineConfig, prompts: list[list[int]], concurrency: list[int],
+                  max_tokens: int, levels: list[dict[str, float]], progress=print) -> dict[str, Any]:
+    """The reference step (:mod:`lyre.benchmarks.reference`) on the engine's weights at each level, at
+    the middle position of the engine's run in a static cache holding the whole run; each level gets
+    ``reference_step_ms`` and ``vs_reference`` (the engine's step p50 over it: at most 1 beats it)."""
+    from lyre.benchmarks.reference import reference_levels
+
+    longest = max(map(len, prompts)) + max_tokens
+    context = -(-longest // 64) * 64
+    position = round(statistics.mean(map(len, prompts))) + max_tokens // 2
+    steps = reference_levels(engine.model, concurrency, context, position, engine_cfg.kv_dtype, progress)
+    for lv in levels:
+        lv["reference_step_ms"] = steps[lv["concurrency"]]
+        lv["vs_reference"] = lv["step_ms_p50"] / steps[lv["concurrency"]]
+    return {"context": context, "position": position, "graphs": engine.model.norm.weight.is_cuda,
+            "step_ms": {str(b): ms for b, ms in steps.items()}}
+
+
 def run(
     cfg: LyreConfig,
     model_dir: Path,
@@ -162,8 +182,13 @@ def run(
     for c in concurrency:
         progress(f"engine: {c} concurrent x {max_tokens} tokens ...")
         levels.append(run_engine_level(engine, prompts[:c], params, f"c{c}", slot_order))
-    progress(f"transformers generate: {baseline_requests} requests one at a time x {max_tokens} tokens ...")
-    sequential = run_transformers_sequential(model_dir, prompts[:baseline_requests], params)
+    reference = None
+    if baseline == "reference":
+        reference = run_reference(engine, engine_cfg, prompts, concurrency, max_tokens, levels, progress)
+    sequential = {"requests": 0, "tokens": 0, "seconds": 0.0, "tokens_per_s": 0.0, "skipped": True}
+    if baseline_requests:
+        progress(f"transformers generate: {baseline_requests} requests one at a time x {max_tokens} tokens ...")
+        sequential = run_transformers_sequential(model_dir, prompts[:baseline_requests], params)
     peer = None
     if baseline == "llamacpp":
         peer = run_llamacpp_levels(cfg, model_dir, prompts, params, concurrency, progress)
@@ -174,6 +199,7 @@ def run(
         "engine": levels,
         "transformers_sequential": sequential,
         **({"llamacpp": peer} if peer else {}),
+        **({"reference": reference} if reference else {}),
         "settings": {
             "checkpoint": str(model_dir),
             "max_tokens": max_tokens,
@@ -198,7 +224,9 @@ def table(result: dict[str, Any]) -> str:
     peer = {lv["concurrency"]: lv for lv in (result.get("llamacpp") or {}).get("levels", [])}
     one = next((lv["tokens_per_s"] for lv in result["engine"] if lv["concurrency"] == 1), None)
     head = f"{'':<26}{'tokens/s':>10}{'step p50 ms':>13}{'vs 1 concurrent':>17}{'vs transformers':>17}"
-    lines = [head + (f"{'llama.cpp tok/s':>17}{'vs llama.cpp':>14}" if peer else "")]
+    ref = "reference" in result
+    lines = [head + (f"{'llama.cpp tok/s':>17}{'vs llama.cpp':>14}" if peer else "")
+             + (f"{'reference ms':>14}{'vs reference':>14}" if ref else "")]
     for lv in result["engine"]:
         vs_one = f"{lv['tokens_per_s'] / one:.1f}x" if one else "-"
         vs_base = f"{lv['tokens_per_s'] / base:.1f}x" if base else "-"  # (--baseline-requests 0: no peer run)
@@ -207,8 +235,16 @@ def table(result: dict[str, Any]) -> str:
         if peer:
             other = peer[lv["concurrency"]]
             row += f"{other['tokens_per_s']:>17.0f}{lv['tokens_per_s'] / other['tokens_per_s']:>13.2f}x"
+        if ref:
+            row += f"{lv['reference_step_ms']:>14.2f}{lv['vs_reference']:>13.2f}x"
         lines.append(row)
-    lines.append(f"{'transformers, sequential':<26}{base:>10.0f}{'':>13}{'':>17}{1.0:>16.1f}x")
+    if base:
+        lines.append(f"{'transformers, sequential':<26}{base:>10.0f}{'':>13}{'':>17}{1.0:>16.1f}x")
+    if ref:
+        r = result["reference"]
+        lines.append(f"(reference: the minimal static-KV step on the same weights, {r['context']}-token cache at position "
+                     f"{r['position']}, {'one CUDA graph' if r['graphs'] else 'eager'}; vs reference = engine step p50 / "
+                     "reference step: at most 1 beats it)")
     if peer:
         lines.append(f"(llama.cpp: {result['llamacpp']['type']} GGUF, {result['llamacpp']['threads']} threads, "
                      "batched decoding of all the level's sequences)")
