@@ -62,7 +62,7 @@ def test_the_torch_backend_runs_its_stages_on_the_pytorch_engine(tmp_path):
     calls: list = []
     report = run(context(tmp_path, fake_kit(calls=calls), backend="torch"), "cmd", say=lambda _: None)
     assert [(s.name, s.status) for s in report.stages] == [("environment", "pass"), ("constraint", "pass"),
-                                                         ("scaling", "pass"), ("qwen3-tts", "pass")]
+                                                         ("perf", "pass"), ("scaling", "pass"), ("qwen3-tts", "pass")]
     assert "model.backend=torch" in calls[0] and not any(a.startswith("build.engine_dir") for a in calls[0])
 
 
@@ -113,6 +113,28 @@ def test_a_command_past_its_time_limit_is_stopped_with_every_process_it_started(
     until(dead, 30, f"process {child} (its group was killed) to die")
     assert run_logged(["bash", "-c", "echo hi; exit 3"], tmp_path / "log2", tmp_path, timeout_s=60) == 3
     assert (tmp_path / "log2").read_text() == "hi\n"
+
+
+def test_processes_a_command_leaves_behind_are_stopped_however_it_ends(tmp_path):
+    """A benchmark that exits (or is stopped) while its server still drains: the server goes too, with
+    SIGKILL when it does not end on SIGTERM within the grace."""
+    from lyre.gpucheck.context import TIMED_OUT, run_logged
+
+    for i, (script, timeout, status) in enumerate(((f"trap '' TERM; sleep 300 & echo $! > {{pid}}; exit 0", 60, 0),
+                                                   (f"(trap '' TERM; sleep 300) & echo $! > {{pid}}; wait", 3,
+                                                    TIMED_OUT))):
+        pidfile = tmp_path / f"child{i}.pid"
+        assert run_logged(["bash", "-c", script.format(pid=pidfile)], tmp_path / f"log{i}", tmp_path,
+                          timeout_s=timeout, grace_s=1) == status
+        stat = Path(f"/proc/{int(pidfile.read_text())}/stat")
+
+        def dead() -> bool:  # gone, or dead and unreaped
+            try:
+                return stat.read_text().split(")")[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        until(dead, 30, f"the left-behind process of script {i} to die")
 
 
 def test_mpi_is_found_through_ld_library_path_as_nvidias_containers_have_it(tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ per frame emitted and its decode time per emitted frame (from ``/v1/stats``'s ``
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from typing import Any
 
@@ -37,10 +38,11 @@ async def _one_stream(tts: TTSService, i: int, max_tokens: int) -> dict[str, Any
             late += 1
         audio_before += chunk.seconds
     return {"ttfb_ms": None if first is None else 1000 * (first - t0), "late_chunks": late, "audio_s": audio_before,
-            "elapsed_s": time.monotonic() - t0}
+            "started": t0, "elapsed_s": time.monotonic() - t0}
 
 
 async def _level(tts: TTSService, n: int, max_tokens: int) -> dict[str, Any]:
+    """``n`` streams started together."""
     await tts.on_engine_thread(tts.scheduler.publish)
     before = tts.stats().as_dict()
     t0 = time.monotonic()
@@ -48,15 +50,36 @@ async def _level(tts: TTSService, n: int, max_tokens: int) -> dict[str, Any]:
     wall = time.monotonic() - t0
     await tts.on_engine_thread(tts.scheduler.publish)
     after = tts.stats().as_dict()
+    return {"concurrency": n, **_summary(streams, wall), **codec_figures(before, after)}
+
+
+async def poisson_level(tts: TTSService, rate: float, seconds: float, max_tokens: int, seed: int = 0
+                        ) -> dict[str, Any]:
+    """Streams arriving at ``rate`` a second (Poisson: exponential gaps, seeded) for ``seconds``, each
+    measured to its end; ``mean_concurrency`` is the streams open on average while they arrived."""
+    rng = random.Random(seed)
+    t0 = time.monotonic()
+    tasks, at = [], rng.expovariate(rate)
+    while at <= seconds:
+        await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        tasks.append(asyncio.create_task(_one_stream(tts, len(tasks), max_tokens)))
+        at += rng.expovariate(rate)
+    streams = await asyncio.gather(*tasks)
+    wall = time.monotonic() - t0
+    # stream seconds inside the arrival window
+    busy = sum(max(0.0, min(s["started"] + s["elapsed_s"], t0 + seconds) - s["started"]) for s in streams)
+    return {"rate": rate, "seconds": seconds, "arrivals": len(streams), "mean_concurrency": busy / seconds,
+            **_summary(streams, wall)}
+
+
+def _summary(streams: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     ttfb = [s["ttfb_ms"] for s in streams if s["ttfb_ms"] is not None]  # a stream may end before any audio
     return {
-        "concurrency": n,
         "ttfb_ms_p50": percentile(ttfb, 0.50),
         "ttfb_ms_p95": percentile(ttfb, 0.95),
         "real_time_streams": sum(s["late_chunks"] == 0 and s["ttfb_ms"] is not None for s in streams),
         "late_chunks": sum(s["late_chunks"] for s in streams),
         "audio_s_per_wall_s": sum(s["audio_s"] for s in streams) / wall,
-        **codec_figures(before, after),
     }
 
 

@@ -25,9 +25,11 @@ def parser() -> argparse.ArgumentParser:
                    help="directory for the report (default: gpucheck-<UTC date and time>)")
     p.add_argument("--work", type=Path, default=None, help="checkpoints and engines (default: <out>/work)")
     p.add_argument("--backend", choices=sorted(BACKEND_STAGES), default="trtllm")
+    p.add_argument("--stage", choices=list(STAGES), help="run this stage alone (e.g. perf: the GPU pace, a few "
+                                                          "minutes; build first for the TensorRT-LLM stages)")
     p.add_argument("--levels", default="1,8,32,64", help="the scaling stage's concurrency levels (default 1,8,32,64)")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="the scaling stage's tokens per request (default: the server's sampling.max_tokens)")
+                   help="the scaling stage's tokens per request (default 168: 2 s of audio)")
     p.add_argument("--calibration-samples", type=int, default=32,
                    help="FP8 calibration prompts per build (default 32; build_engine.py's default is 256)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a stage's requests may take (default 600)")
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                        calibration_samples=args.calibration_samples, timeout_s=args.timeout,
                        scaling_timeout_s=args.scaling_timeout)
     command = "python -m lyre.gpucheck " + " ".join(map(shlex.quote, sys.argv[1:] if argv is None else argv))
-    report = run(ctx, command.strip())
+    report = run(ctx, command.strip(), only=args.stage)
     print(f"{'PASSED' if report.passed else 'FAILED'}: the report is {out / 'REPORT.md'}")
     return 0 if report.passed else 1
 

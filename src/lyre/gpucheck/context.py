@@ -28,23 +28,38 @@ from lyre.tools.build import load_llmapi
 TIMED_OUT = 124  # run_logged's status for a command stopped at its time limit (as timeout(1) says it)
 
 
-def run_logged(argv: list[str], log: Path, cwd: Path, timeout_s: float) -> int:
+def run_logged(argv: list[str], log: Path, cwd: Path, timeout_s: float, grace_s: float = 30.0) -> int:
     """Run ``argv`` with its output in ``log``; its exit status, or :data:`TIMED_OUT` when it ran past
-    ``timeout_s`` and was stopped with every process it started (a benchmark's servers too)."""
+    ``timeout_s``. Whatever way this returns (its end, its time limit, an exception here), every
+    process it started is gone: the benchmark's servers outlive it when it dies first (a server
+    drains on SIGTERM), so its whole process group gets SIGTERM, then SIGKILL after ``grace_s``."""
     with log.open("w") as f:
         proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
         try:
             return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, None)):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, sig)
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
             return TIMED_OUT
+        finally:
+            stop_group(proc, grace_s)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to ``proc``'s process group (its leader), SIGKILL to whatever of it is left after ``grace_s``."""
+    pgid = proc.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=0.1)  # (the leader reaped: a group of it alone is then empty)
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 def cuda_device() -> dict[str, Any] | None:
@@ -87,7 +102,7 @@ class Context:
     calibration_samples: int = 32
     shapes: tuple[str, ...] = ("tiny", "small")  # demo shapes built in FP8; the last one is the scaling stage's
     levels: str = "1,8,32,64"
-    max_tokens: int | None = None  # the scaling stage's tokens per request (None: the server's sampling.max_tokens)
+    max_tokens: int | None = None  # the scaling stage's tokens per request (None: stages.SCALING_TOKENS)
     timeout_s: float = 600.0  # one stage's requests, at most
     scaling_timeout_s: float = 3600.0  # the scaling benchmark, at most
     env: Environment | None = None

@@ -8,11 +8,14 @@ Stages (``--backend trtllm``, the default):
    under greedy decoding
 5. cloned: a cloned voice's prompt (reference codes in it) with the repetition penalty, the same again
 6. scaling: ``benchmark.py --mode scaling`` on the TensorRT-LLM backend, JSON and a plot
-7. qwen3-tts: the Qwen3-TTS engine's CUDA graphs (talker decode step, code predictor frame) make
+7. perf: the PyTorch engine's pace on this GPU (Orpheus-3B shape): its step against the reference
+   step at 1-256 sequences, real-time streams through the service, goals met or missed
+   (:mod:`lyre.gpucheck.perf`)
+8. qwen3-tts: the Qwen3-TTS engine's CUDA graphs (talker decode step, code predictor frame) make
    the frames the same code makes eagerly
 
-``--backend torch`` (a GPU machine without TensorRT-LLM): environment, constraint, scaling and
-qwen3-tts, on the PyTorch engine on the GPU.
+``--backend torch`` (a GPU machine without TensorRT-LLM): environment, constraint, perf, scaling and
+qwen3-tts, on the PyTorch engine on the GPU. ``--stage NAME`` runs that stage alone.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from lyre.gpucheck import stages
 from lyre.gpucheck.context import Context, Kit
 from lyre.gpucheck.environment import stage_environment
+from lyre.gpucheck.perf import stage_perf
 from lyre.gpucheck.qwen import stage_qwen
 from lyre.gpucheck.report import FAIL, PASS, Report, StageFailed, StageResult
 
@@ -49,18 +53,20 @@ STAGES: dict[str, tuple[str, Callable[[Context], stages.Result]]] = {
                stages.stage_parity),
     "cloned": ("the repetition penalty on the GPU covers only recent generated tokens, not a cloned voice's "
                "reference codes in the prompt", stages.stage_cloned),
+    "perf": ("the PyTorch engine runs at this GPU's pace: its decode step against the minimal static-KV step, and "
+             "real-time Orpheus-3B streams through the service (figures and goals in perf.json)", stage_perf),
     "scaling": ("the server on this backend holds concurrent real-time streams: the scaling benchmark's figures "
                 "and plot", stages.stage_scaling),
     "qwen3-tts": ("Qwen3-TTS's CUDA graphs (the talker's decode step, the code predictor's frame) compute what "
                   "the same code computes eagerly: the same greedy frames", stage_qwen),
 }
-BACKEND_STAGES = {"trtllm": tuple(STAGES), "torch": ("environment", "constraint", "scaling", "qwen3-tts")}
+BACKEND_STAGES = {"trtllm": tuple(STAGES), "torch": ("environment", "constraint", "perf", "scaling", "qwen3-tts")}
 
 
-def run(ctx: Context, command: str, say: Callable[[str], None] = print) -> Report:
-    """Every stage of ``ctx.backend`` in order until one fails; the report, written."""
+def run(ctx: Context, command: str, say: Callable[[str], None] = print, only: str | None = None) -> Report:
+    """Every stage of ``ctx.backend`` (or ``only`` that one) in order until one fails; the report, written."""
     report = Report(ctx.out, command, ctx.backend)
-    names = BACKEND_STAGES[ctx.backend]
+    names = (only,) if only else BACKEND_STAGES[ctx.backend]
     results = [StageResult(name, STAGES[name][0]) for name in names]
     report.stages = results
     for i, result in enumerate(results, 1):

@@ -32,6 +32,9 @@ TEXTS = ("Hello, this is the first test of the engine.", "The quick brown fox ju
          "Please hold while I transfer your call.", "Your appointment is on Tuesday at three.")
 VOICES = ("tara", "leo", "mia", "zac")
 PARITY_TOKENS = 7 * 12
+# the scaling stage's tokens per request unless --max-tokens: 2 s of audio, so that 64 users' two rounds take
+# seconds, not the minutes of the server's 1200 (the stage at 64 users once ran past its time limit)
+SCALING_TOKENS = 168
 # Two 16-bit implementations may order a pair of logits this close either way: an absolute floor
 # plus fp16's relative precision of the larger one (the tiny demo's logits are ~0.3; Orpheus's ~20).
 NEAR_TIE_ABS, NEAR_TIE_REL = 0.005, 0.002
@@ -258,8 +261,7 @@ def stage_scaling(ctx: Context) -> Result:
         sets += [f"build.engine_dir={ctx.engines[f'{shape}-fp8'][0]}"]
     argv = [sys.executable, "benchmark.py", "--mode", "scaling", "--levels", ctx.levels,
             "--output", str(ctx.out / "scaling.json"), "--plot", str(ctx.out / "scaling.png")]
-    if ctx.max_tokens:
-        argv += ["--max-tokens", str(ctx.max_tokens)]
+    argv += ["--max-tokens", str(ctx.max_tokens or SCALING_TOKENS)]
     for s in sets:
         argv += ["--set", s]
     log = ctx.out / "scaling.log"

@@ -29,6 +29,10 @@ from lyre.model import orpheus
 
 DEMO_FORMAT = 2  # bump when the demo's contents change; ensure_demo() then rewrites it
 MARKER = "lyre-demo.json"
+# A shape checkpoint (write_shape_checkpoint) holds this instead of weights: seeded random weights of its
+# config's shape are made where they are loaded (lyre.model.checkpoint.random_weights: a GPU's 3B model
+# without 6 GB on disk)
+RANDOM_WEIGHTS = "random-weights.json"
 
 SNAC_24KHZ_CONFIG: dict[str, Any] = {
     "sampling_rate": 24000,
@@ -84,6 +88,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "small": {"hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
               "num_key_value_heads": 4, "head_dim": 64},
+    # Orpheus-3B's (Llama-3.2-3B) shape: for shape checkpoints (write_shape_checkpoint), whose weights are made
+    # where they are loaded; as a demo written to disk it takes 6.6 GB
+    "3b": {"hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
+           "num_key_value_heads": 8, "head_dim": 128},
 }
 # what a config.json given as a shape may set (the rest, Orpheus's vocabulary and ids, stays the demo's)
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -324,6 +332,23 @@ def write_llama_checkpoint(
              "tokenizer_class": "PreTrainedTokenizerFast"},
         )
     return out_dir
+
+
+def write_shape_checkpoint(out_dir: Path, shape: str | Path = "3b", seed: int = 0) -> Path:
+    """A Llama of ``shape`` (:func:`demo_config`) without weights: ``out_dir/llama`` holds its config,
+    the demo tokenizer and ``random-weights.json``, so loading it makes seeded random weights on the
+    loading device (nothing large on disk; its audio is noise, and a marker says it is a demo). Give
+    the server a codec beside it (``codec.path``, e.g. the demo's SNAC). Returns the ``llama`` directory."""
+    config = demo_config(shape)
+    with replaced_directory(out_dir) as tmp:
+        llama = tmp / "llama"
+        llama.mkdir()
+        _write_json(llama / "config.json", config)
+        _write_json(llama / RANDOM_WEIGHTS, {"seed": seed})
+        build_demo_tokenizer().save(str(llama / "tokenizer.json"))
+        _write_json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "shape": shape_name(shape),
+                                   "weights": "random, made where loaded", "files": _digest(tmp)})
+    return Path(out_dir) / "llama"
 
 
 def write_snac_checkpoint(out_dir: Path, seed: int) -> Path:

@@ -104,12 +104,13 @@ class TorchEngine:
     @classmethod
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
         llama_cfg = checkpoint.read_llama_config(model_dir)
-        weights = checkpoint.load_llama_weights(model_dir, llama_cfg)
+        device = torch.device(config.device)
+        weights = checkpoint.load_llama_weights(model_dir, llama_cfg, device=device)
         if config.keep_freed_memory and torch.device(config.device).type == "cpu":
             keep_freed_memory()  # (host_heap.py: a step's large temporaries without page faults)
-        model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, torch.device(config.device))
+        model = load_llama(llama_cfg, weights, config.max_seq_len, config.dtype, device)
         del weights  # (the float copies: int8 keeps only its own)
-        return cls(quantize(model, config.quantize, torch.device(config.device), config.dtype), config)
+        return cls(quantize(model, config.quantize, device, config.dtype), config)
 
     # --- the contract ---------------------------------------------------------------------------
 

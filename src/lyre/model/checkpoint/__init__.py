@@ -14,6 +14,7 @@ from lyre.model.checkpoint.hub import (
 )
 from lyre.model.checkpoint.llama import (
     INDEX_FILE,
+    RANDOM_WEIGHTS,
     LlamaConfig,
     check_llama_weights,
     check_weight_shapes,
@@ -32,7 +33,7 @@ from lyre.model.checkpoint.resolve import (
 )
 from lyre.model.checkpoint.snac import load_snac
 
-__all__ = ["DEMO_BANNER", "FAMILIES", "checkpoint_family", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "QWEN3TTS_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
+__all__ = ["DEMO_BANNER", "FAMILIES", "checkpoint_family", "IGNORE_PATTERNS", "INDEX_FILE", "LLAMA_PATTERNS", "RANDOM_WEIGHTS", "QWEN3TTS_PATTERNS", "SNAC_PATTERNS", "CheckpointError",
            "LlamaConfig", "ResolvedModel", "check_llama_weights", "check_weight_shapes", "download", "find_cached",
            "load_llama_weights", "load_snac", "load_tokenizer", "read_config_json", "read_llama_config", "resolve_model",
            "safetensors_files"]

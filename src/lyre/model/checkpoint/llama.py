@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from lyre.errors import CheckpointError
+from lyre.model.demo import RANDOM_WEIGHTS
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -140,16 +141,36 @@ def load_llama_weights(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> dict[str, torch.Tensor]:
-    """All weights of a Llama checkpoint, checked against its config, optionally cast."""
+    """All weights of a Llama checkpoint, checked against its config, optionally cast (a shape
+    checkpoint's: seeded random weights made on ``device``, in ``dtype`` or its config's)."""
     from safetensors.torch import load_file
 
     config = config or read_llama_config(model_dir)
+    marker = Path(model_dir) / RANDOM_WEIGHTS
+    if marker.is_file():
+        try:
+            seed = int(json.loads(marker.read_text())["seed"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{marker} is malformed: {e}") from None
+        return random_weights(config, seed, dtype or getattr(torch, config.torch_dtype), device)
     weights: dict[str, torch.Tensor] = {}
     for f in safetensors_files(model_dir):
         for name, t in load_file(str(f), device=str(device)).items():
             weights[name] = t.to(dtype) if dtype is not None and t.is_floating_point() else t
     check_llama_weights(weights, config, str(model_dir))
     return weights
+
+
+def random_weights(config: LlamaConfig, seed: int, dtype: torch.dtype, device: str | torch.device
+                   ) -> dict[str, torch.Tensor]:
+    """Seeded random weights of every tensor ``config`` implies, made on ``device`` (normal, std 0.02;
+    norms near 1). Not the demo's values (numpy's, on the host): these are for shapes too large to write."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for name, shape in config.weight_shapes().items():
+        t = torch.randn(shape, generator=g, device=device, dtype=torch.float32)
+        out[name] = (1.0 + 0.1 * t if name.endswith("norm.weight") else 0.02 * t).to(dtype)
+    return out
 
 
 def check_llama_weights(weights: dict[str, torch.Tensor], config: LlamaConfig, source: str) -> None:
