@@ -120,15 +120,15 @@ def test_processes_a_command_leaves_behind_are_stopped_however_it_ends(tmp_path)
     SIGKILL when it does not end on SIGTERM within the grace."""
     from lyre.gpucheck.context import TIMED_OUT, run_logged
 
-    for i, (script, timeout, status) in enumerate(((f"trap '' TERM; sleep 300 & echo $! > {{pid}}; exit 0", 60, 0),
-                                                   (f"(trap '' TERM; sleep 300) & echo $! > {{pid}}; wait", 3,
+    for i, (script, timeout, status) in enumerate((("trap '' TERM; sleep 300 & echo $! > {pid}; exit 0", 60, 0),
+                                                   ("(trap '' TERM; sleep 300) & echo $! > {pid}; wait", 3,
                                                     TIMED_OUT))):
         pidfile = tmp_path / f"child{i}.pid"
         assert run_logged(["bash", "-c", script.format(pid=pidfile)], tmp_path / f"log{i}", tmp_path,
                           timeout_s=timeout, grace_s=1) == status
         stat = Path(f"/proc/{int(pidfile.read_text())}/stat")
 
-        def dead() -> bool:  # gone, or dead and unreaped
+        def dead(stat: Path = stat) -> bool:  # gone, or dead and unreaped
             try:
                 return stat.read_text().split(")")[1].split()[0] == "Z"
             except FileNotFoundError:
