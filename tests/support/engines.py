@@ -121,6 +121,9 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
     if stage == "decode" and engine.audio is not None:  # audio rows decode by the on-device step
         monkeypatch.setattr(engine, "audio", _PoisonedStep(engine.audio, poisoned, fault))
         return
+    if stage == "prefill" and engine.prefill_step is not None:  # whole prompts prefill by theirs
+        monkeypatch.setattr(engine, "prefill_step", _PoisonedStep(engine.prefill_step, poisoned, fault))
+        return
     forward = engine.model.forward
 
     def forward_pass(batch, cache):
@@ -134,7 +137,7 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
 
 
 class _PoisonedStep:
-    """An engine's on-device audio step that raises when a poisoned sequence takes part."""
+    """An engine's on-device step (audio rows, whole prompts) that raises when a poisoned sequence takes part."""
 
     def __init__(self, step, poisoned: Callable, fault: Exception):
         self.step, self.poisoned, self.fault = step, poisoned, fault

@@ -26,7 +26,7 @@ def prompt(i: int) -> list[int]:
     return [orpheus.START_OF_HUMAN, orpheus.BOS, *range(300 + 7 * i, 303 + 7 * i + i % 4), *orpheus.PROMPT_SUFFIX]
 
 
-def staggered(tag: str, greedy: bool, n: int = 10, seed: int = 3) -> dict[int, list[GenerationRequest]]:
+def staggered(tag: str, greedy: bool, n: int = 8, seed: int = 3) -> dict[int, list[GenerationRequest]]:
     """Sessions arriving over 15 steps with every kind of sampling: penalties with short windows and
     with none, min_tokens, lengths that cross the 64- and 128-position buckets, recorded logits."""
     rng = random.Random(seed)
@@ -36,7 +36,7 @@ def staggered(tag: str, greedy: bool, n: int = 10, seed: int = 3) -> dict[int, l
             temperature=0.0 if greedy else rng.choice([0.6, 1.0, 1.4]), top_k=rng.choice([0, 0, 40]),
             top_p=rng.choice([0.8, 1.0]), repetition_penalty=rng.choice([1.0, 1.1, 1.5]),
             repetition_window=rng.choice([0, 3, 64]), min_tokens=rng.choice([0, 14]),
-            max_tokens=rng.choice([20, 70, 150]), seed=100 + i)
+            max_tokens=rng.choice([20, 60, 130]), seed=100 + i)
         arrivals.setdefault(rng.randrange(15), []).append(
             GenerationRequest(f"{tag}{i}", prompt(i), params, record_logits=i % 3 == 0))
     return arrivals
@@ -58,7 +58,28 @@ def test_greedy_tokens_and_logits_equal_the_host_steps(demo_dir):
         assert len(got) == len(want)
         for (g, gi), (w, wi) in zip(got, want, strict=True):
             assert torch.equal(gi, wi) and torch.allclose(g, w, atol=1e-4), rid
-    assert max(len(tokens_of(d)) for d in device.values()) == 150  # (past 128 positions)
+    assert max(len(tokens_of(d)) for d in device.values()) == 130  # (past 128 positions)
+
+
+def test_whole_prompts_prefill_on_the_device_beside_chunked_ones(demo_dir):
+    """Prompts that fit a step prefill by the static step (packed, padded to a bucket), in the same
+    steps as a long prompt's chunks on the host and as decoding rows: the host step's greedy tokens
+    and first-token logits."""
+    def arrivals() -> dict[int, list[GenerationRequest]]:
+        greedy = dict(temperature=0.0, max_tokens=30)
+        long = [orpheus.START_OF_HUMAN, *range(300, 340), *orpheus.PROMPT_SUFFIX]  # 45 tokens: 2 chunks of 32
+        return {0: [GenerationRequest("short0", prompt(0), SamplingParams(**greedy), record_logits=True),
+                    GenerationRequest("long", long, SamplingParams(**greedy), record_logits=True)],
+                1: [GenerationRequest(f"short{i}", prompt(i), SamplingParams(**greedy), record_logits=True)
+                    for i in (1, 2, 3)]}
+
+    host = drive(make_engine(demo_dir / "llama", slots=6, max_batch_size=6, max_prefill_tokens=32), arrivals())
+    engine = make_engine(demo_dir / "llama", slots=6, max_batch_size=6, max_prefill_tokens=32, static_decode=True)
+    device = drive(engine, arrivals())
+    assert engine.prefill_step.steps >= 2 and engine.prefill_step.padding > 0
+    for rid in host:
+        assert tokens_of(device[rid]) == tokens_of(host[rid]), rid
+        assert torch.allclose(device[rid][0].logits, host[rid][0].logits, atol=1e-4), rid
 
 
 def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_busy_batch(demo_dir):

@@ -127,13 +127,13 @@ def test_attention_reads_the_kv_cache_in_place_whatever_the_order_of_slots(demo_
 @pytest.mark.parametrize("on_device", [False, True])
 def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir, tolist_calls, on_device):
     """Audio rows on the device or on the host, beside full-vocabulary rows and prompt chunks: one
-    read-back a step, and no copy of any slot's K/V (the on-device step reads each row's K/V in place
-    and writes back only the position a row that does not decode would have written)."""
+    read-back a step, and no copy of any slot's K/V (the on-device steps read each row's K/V in place,
+    and read only the position a row that does not run writes back)."""
     engine = make_engine(demo_dir / "llama", slots=8, max_batch_size=8, max_prefill_tokens=16,
                          static_decode=on_device)
     per_step: list[tuple[int, int, int]] = []  # (rows sampled, tolist calls, other read-backs)
     step = engine.step
-    one_position = engine.cfg.slots * engine.model.cfg.num_key_value_heads * engine.model.cfg.head_dim
+    one_slot = engine.cfg.max_seq_len * engine.model.cfg.num_key_value_heads * engine.model.cfg.head_dim  # (a layer's K)
 
     def counted_step(order=None):
         before = tolist_calls[0]
@@ -142,7 +142,7 @@ def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir
         per_step.append((sum(bool(d.token_ids) for d in deltas), tolist_calls[0] - before,
                          sum(traffic.read_backs.values())))
         assert not traffic.read_backs, traffic.read_backs
-        assert traffic.largest_cache_copy <= one_position  # (at most one position of every slot, never a slot)
+        assert traffic.largest_cache_copy < one_slot / 4  # (a position of a few rows, never a slot)
         return deltas
 
     engine.step = counted_step

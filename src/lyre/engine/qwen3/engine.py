@@ -82,9 +82,9 @@ class QwenEngine(TorchEngine):
         return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode,
                    graphs)
 
-    def _audio_step(self) -> None:
+    def _static_steps(self) -> tuple[None, None]:
         """None: a talker's rows are frames, stepped by :class:`StaticDecode` and the frame sampler."""
-        return None
+        return None, None
 
     # --- the contract ---------------------------------------------------------------------------
 

@@ -49,6 +49,7 @@ from lyre.engine.torch.audio_step import AudioStep
 from lyre.engine.torch.config import TorchEngineConfig
 from lyre.engine.torch.host_heap import keep_freed_memory
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
+from lyre.engine.torch.prefill_step import PrefillStep
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.quantize import quantize
 from lyre.engine.torch.sampler import StepSampler
@@ -87,19 +88,23 @@ class TorchEngine:
         self.prompt_tokens = self.prefilled_tokens = 0
         self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         self._forgotten: set[str] = set()  # prefix names never to keep again (deleted voices)
-        self.audio = self._audio_step()  # audio rows' decode step on the device, or None
+        # on the device (GPU): audio rows' decode steps and whole prompts' prefills over static shapes, or None
+        self.audio, self.prefill_step = self._static_steps()
 
-    def _audio_step(self) -> AudioStep | None:
-        """The step of audio rows on the device (None: every row runs the host step), its CUDA graphs
-        captured now on a GPU (GraphCaptureError: the bucket that failed)."""
+    def _static_steps(self) -> tuple[AudioStep | None, PrefillStep | None]:
+        """The step of audio rows and the step of whole prompts on the device (None: the host step runs
+        them), their CUDA graphs captured now on a GPU (GraphCaptureError: the bucket that failed)."""
         if not self.cfg.on_device_decode:
-            return None
+            return None, None
+        graphs = self.cfg.cuda_graphs and self.device.type == "cuda"
         sampling = SlotSampling(self.cfg.slots, self.cfg.max_seq_len, self.device, audio_head(self.model))
-        step = AudioStep(self.model, self.cache, sampling, graphs=self.cfg.cuda_graphs and self.device.type == "cuda")
-        if step.graphs:
+        audio = AudioStep(self.model, self.cache, sampling, graphs=graphs)
+        prefill = PrefillStep(self.model, self.cache, self.cfg.max_prefill_tokens, graphs=graphs)
+        if graphs:
             with torch.inference_mode():
-                step.prepare()
-        return step
+                prefill.prepare()
+                audio.prepare()
+        return audio, prefill
 
     @classmethod
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
@@ -228,23 +233,33 @@ class TorchEngine:
 
     def _run(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
         """build -> forward -> sample -> postprocess, the step's tokens read back from the device once.
-        Audio rows decode by their own step on the device (``self.audio``), last: it moves their sampling
-        state on the device, so nothing after it may fail. On failure every sequence is as it was before
+        Whole prompts prefill by their own step on the device (``self.prefill_step``), and audio rows
+        decode by theirs (``self.audio``), last: it moves their sampling state on the device, so nothing
+        after it may fail. On failure every sequence is as it was before
         (positions, random generators), so the step can be run again: a forward that failed midway
         may have written K/V at these positions, and a retry writes the same positions again."""
         seqs = decode + [seq for seq, _ in prefill]
         saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
         on_device = [s for s in decode if s.on_device]
-        if on_device:
-            decode = [s for s in decode if not s.on_device]
+        whole = [(s, n) for s, n in prefill if PrefillStep.takes(s, n)] if self.prefill_step is not None else []
+        host_decode = [s for s in decode if not s.on_device] if on_device else decode
+        host_prefill = [(s, n) for s, n in prefill if not PrefillStep.takes(s, n)] if whole else prefill
         try:
             pending = []
-            if decode or prefill:
-                batch, samplers = self._build(decode, prefill)
+            if host_decode or host_prefill:
+                batch, samplers = self._build(host_decode, host_prefill)
                 with LEDGER.measure("model"):
                     hidden = self._forward(batch)  # (N, H): one row per sampling sequence
                 with LEDGER.measure("sampling"):
                     pending = self._start_sampling(samplers, hidden)
+            if whole:
+                prompts = [s for s, _ in whole]
+                with LEDGER.measure("model"):
+                    hidden = self.prefill_step(prompts)  # (N, H): each prompt's last token
+                for s, n in whole:
+                    s.num_cached += n
+                with LEDGER.measure("sampling"):
+                    pending += self._start_sampling(prompts, hidden)
             if on_device:
                 with LEDGER.measure("model"):
                     pending.append(self.audio(on_device))
