@@ -5,11 +5,13 @@ runs its CPU plan on the tiny demo: every figure is written and the goals are ju
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
 from lyre.gpucheck.__main__ import main
-from lyre.gpucheck.perf import Goal, PerfResult, goals, held, table
+from lyre.gpucheck.perf import Goal, PerfResult, from_json, goals, held, table
+from lyre.gpucheck.perf import main as perf_main
 
 
 def result(ratios: list[float], streams: list[tuple[int, int, float]], poisson_late: int, gpu: str) -> PerfResult:
@@ -43,6 +45,16 @@ def test_the_goals_are_judged_as_the_issue_sets_them():
     assert any(r.startswith("| Poisson 40/s x 8 s (300, ~170 open) | 40 | 80 | 297 | 3 |") for r in rows)
     assert rows[0].startswith("NVIDIA H200, driver 580, torch 2.11 (CUDA 13.0), commit abc")
     assert isinstance(goals(h200)[0], Goal)
+
+
+def test_the_docs_table_renders_from_the_json_the_stage_writes(tmp_path, capsys):
+    r = result([1.0, 1.05], [(192, 192, 90.0)], 0, "NVIDIA H200")
+    r.goals = goals(r)
+    path = tmp_path / "perf.json"
+    path.write_text(json.dumps(asdict(r), default=str))
+    assert table(from_json(path)) == table(r)
+    assert perf_main(["--markdown", str(path)]) == 0
+    assert capsys.readouterr().out == "\n".join(table(r)) + "\n"
 
 
 @pytest.mark.slow

@@ -199,3 +199,27 @@ def table(result: PerfResult) -> list[str]:
     lines += [f"| {name} | {_ms(lv['ttfb_ms_p50'])} | {_ms(lv['ttfb_ms_p95'])} | {lv['real_time_streams']} | "
               f"{lv['late_chunks']} | {lv['audio_s_per_wall_s']:.1f} |" for name, lv in rows]
     return lines
+
+
+def from_json(path: Path) -> PerfResult:
+    """A perf.json back as the result it was written from."""
+    data = json.loads(Path(path).read_text())
+    out = PerfResult(data["plan"], data["machine"], data.get("engine", {}), data.get("streams", []),
+                     data.get("poisson", {}))
+    out.goals = [Goal(**g) for g in data.get("goals", [])]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m lyre.gpucheck.perf --markdown perf.json``: the tables docs/gpu.md shows, from the JSON."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m lyre.gpucheck.perf", description=main.__doc__)
+    p.add_argument("--markdown", type=Path, required=True, help="a perf.json the perf stage wrote")
+    args = p.parse_args(argv)
+    print("\n".join(table(from_json(args.markdown))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
