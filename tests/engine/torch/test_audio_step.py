@@ -98,8 +98,9 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_busy_batch(demo_d
 
 
 def test_the_penalty_window_on_the_device_holds_the_last_tokens_of_each_row(demo_dir):
-    """After every step, a row's counts are the bins of its last ``repetition_window`` tokens (all of
-    them for a window of 0): what the penalty reads."""
+    """After every step, a row's device history holds the tokens it was given (then the one computed
+    ahead, not yet delivered), and its counts are the bins of the last ``repetition_window`` of those
+    (all of them for a window of 0): what the penalty reads for its next token."""
     engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=True)
     windows = {"w0": 0, "w3": 3, "w9": 9}
     made: dict[str, list[int]] = {}
@@ -108,20 +109,21 @@ def test_the_penalty_window_on_the_device_holds_the_last_tokens_of_each_row(demo
             temperature=1.5, top_p=1.0, repetition_penalty=1.2, repetition_window=w, max_tokens=40, seed=7)))
         made[rid] = []
     sampling = engine.audio.sampling
+    ahead_seen = 0
     while engine.has_work():
-        slots = {rid: engine.slots.by_id[rid].slot for rid in made if rid in engine.slots.by_id}
         for d in engine.step():
             made[d.request_id] += d.token_ids
-        for rid, slot in slots.items():
-            if rid not in engine.slots.by_id:
-                continue  # (finished: its slot's state is the next request's to reset)
+        for rid, seq in engine.slots.by_id.items():  # (a finished row's slot is the next request's to reset)
+            n = len(made[rid]) + seq.ahead
+            ahead_seen += seq.ahead
+            history = sampling.history[seq.slot, :n].tolist()
+            assert history[: len(made[rid])] == [t - orpheus.AUDIO_TOKEN_OFFSET for t in made[rid]], rid
             w = windows[rid]
-            recent = made[rid][-w:] if w else made[rid]
-            want = Counter(EOS_BIN if t == orpheus.END_OF_SPEECH else t - orpheus.AUDIO_TOKEN_OFFSET for t in recent)
-            row = sampling.counts[slot]
+            want = Counter(EOS_BIN if b == EOS_BIN else b for b in (history[-w:] if w else history))
+            row = sampling.counts[seq.slot]
             got = {int(b): int(row[b]) for b in row.nonzero().flatten()}
             assert got == dict(want), (rid, len(made[rid]))
-    assert all(len(t) == 40 for t in made.values())
+    assert all(len(t) == 40 for t in made.values()) and ahead_seen > 50
 
 
 def test_rows_that_do_not_decode_leave_their_slots_as_they_were(demo_dir):
@@ -140,6 +142,27 @@ def test_rows_that_do_not_decode_leave_their_slots_as_they_were(demo_dir):
     assert torch.equal(engine.cache.k[:, held], k) and torch.equal(engine.cache.v[:, held], v)
     assert torch.equal(engine.audio.sampling.counts[held], counts)
     assert torch.equal(engine.audio.sampling.history[held], history)
+
+
+def test_every_step_launches_the_next_step_of_the_audio_rows_before_it_returns(demo_dir):
+    """The device computes each audio row's next token while the caller handles this step's deltas: a
+    step returns with every audio row's next token launched (those the order skips too, once), and a
+    later step delivers a row's kept token when the order asks for it, relaunching only that row."""
+    engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=True)
+    for i in range(3):
+        engine.add(GenerationRequest(f"r{i}", prompt(i), SamplingParams(max_tokens=30, seed=i)))
+    engine.add(GenerationRequest("free", [orpheus.BOS, 400, 401], SamplingParams(max_tokens=30, seed=9)))
+    engine.step()  # the prompts: first tokens, then every audio row's next one launched
+    rows = {rid: engine.slots.by_id[rid] for rid in ("r0", "r1", "r2", "free")}
+    assert [rows[r].ahead for r in rows] == [True, True, True, False] and engine._in_flight is not None
+    launched = engine.audio.steps
+    got = engine.step(order=["r0", "free"])
+    assert {d.request_id for d in got} == {"r0", "free"}
+    assert engine.audio.steps == launched + 1 and engine._in_flight.seqs == [rows["r0"]]  # r1, r2 keep theirs
+    assert rows["r1"].ahead_token is not None and rows["r1"].ahead and rows["r1"].num_generated == 1
+    delivered = {d.request_id: d.token_ids for d in engine.step(order=["r1"])}
+    assert list(delivered) == ["r1"] and delivered["r1"] == [rows["r1"].next_input]
+    assert engine._in_flight.seqs == [rows["r1"]] and rows["r0"].ahead_token is not None
 
 
 def test_only_rows_constrained_from_their_first_token_run_on_the_device(demo_dir):

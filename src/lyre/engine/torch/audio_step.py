@@ -54,6 +54,12 @@ class AudioPending:
     cols: torch.Tensor
     logits: torch.Tensor
 
+    def detached(self) -> AudioPending:
+        """This step's outputs copied on the device (queued, nothing waits): a later replay of the graph
+        overwrites the originals, and its rows may be read back after one."""
+        recording = any(s.request.record_logits for s in self.seqs)
+        return AudioPending(self.seqs, self.rows, self.cols.clone(), self.logits.clone() if recording else self.logits)
+
     def finish(self, ids: list[int]) -> tuple[list[int], list[torch.Tensor | None], list[torch.Tensor | None]]:
         """The tokens from ``ids`` (``cols`` read back), and the logits of rows that record them."""
         tokens = [ids[r] for r in self.rows]

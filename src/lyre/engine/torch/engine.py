@@ -23,7 +23,9 @@ On a GPU (``on_device_decode``), requests constrained from their first token (th
 start-of-speech: every Orpheus speech request) decode by the on-device audio step
 (:mod:`lyre.engine.torch.audio_step`): the decoder over static shapes and their sampling on the
 device, one CUDA graph per (slot bucket, length bucket), captured at start. Prompt chunks and other
-rows run the host step above in the same ``step()``, and the step's tokens are read back once.
+rows run the host step above in the same ``step()``, and the step's tokens are read back once. Each
+``step()`` ends by launching the audio rows' next step without waiting for it (:meth:`_launch_ahead`):
+the device computes it while the caller handles the deltas, and the next ``step()`` delivers it.
 
 ``add`` puts a request into the lowest free slot at once, or returns False when none is free: the
 engine keeps no queue and never asks its caller anything.
@@ -45,17 +47,18 @@ import torch
 
 from lyre.cpu import LEDGER
 from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_prompt
-from lyre.engine.torch.audio_step import AudioStep
+from lyre.engine.torch.audio_step import AudioPending, AudioStep
 from lyre.engine.torch.config import TorchEngineConfig
 from lyre.engine.torch.host_heap import keep_freed_memory
+from lyre.engine.torch.kept_prefixes import KeptPrefixes
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
 from lyre.engine.torch.prefill_step import PrefillStep
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.quantize import quantize
-from lyre.engine.torch.sampler import StepSampler
+from lyre.engine.torch.sampler import StepSampler, read_back
 from lyre.engine.torch.sequence import Sequence, SlotPool
 from lyre.engine.torch.slot_sampling import SlotSampling, audio_head
-from lyre.engine.torch.transfer import to_host, upload
+from lyre.engine.torch.transfer import upload
 from lyre.model import checkpoint, orpheus
 
 log = logging.getLogger("lyre.engine")
@@ -87,9 +90,10 @@ class TorchEngine:
         self.total_requests = self.total_tokens = self.total_steps = 0
         self.prompt_tokens = self.prefilled_tokens = 0
         self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
-        self._forgotten: set[str] = set()  # prefix names never to keep again (deleted voices)
+        self.kept = KeptPrefixes(self.prefixes, self.cache) if self.prefixes is not None else None
         # on the device (GPU): audio rows' decode steps and whole prompts' prefills over static shapes, or None
         self.audio, self.prefill_step = self._static_steps()
+        self._in_flight: AudioPending | None = None  # the audio rows' step launched ahead, not yet read back
 
     def _static_steps(self) -> tuple[AudioStep | None, PrefillStep | None]:
         """The step of audio rows and the step of whole prompts on the device (None: the host step runs
@@ -140,7 +144,8 @@ class TorchEngine:
             seq.on_device = True  # constrained from its first token: sampled on the device
             with torch.inference_mode():
                 self.audio.sampling.admit(seq.slot, request.sampling, seed)
-        self._reuse_prefix(seq)
+        if self.kept is not None:
+            self.kept.reuse(seq)
         self.prompt_tokens += request.prompt_len
         self.total_requests += 1
         return True
@@ -156,37 +161,12 @@ class TorchEngine:
             seq.audio_k = 0
         return seq
 
-    def _reuse_prefix(self, seq: Sequence) -> None:
-        """A kept prefix's K/V into ``seq``'s slot: its prefill starts after the prefix."""
-        r = seq.request
-        if self.prefixes is None or not r.prefix_key or not 0 < r.prefix_len < r.prompt_len:
-            return
-        entry = self.prefixes.get(r.prefix_key, r.prefix_ids)
-        if entry is not None:
-            self.cache.load(seq.slot, entry.k, entry.v)
-            seq.num_cached = r.prefix_len
-            seq.prefix_kept = True
-
-    def _keep_prefix(self, seq: Sequence) -> None:
-        """Once ``seq``'s prefill has passed its prefix, keep a copy of the prefix's K/V."""
-        r = seq.request
-        if (self.prefixes is None or seq.prefix_kept or not r.prefix_key or not 0 < r.prefix_len < r.prompt_len
-                or seq.num_cached < r.prefix_len):
-            return
-        seq.prefix_kept = True
-        if any(r.prefix_key.startswith(name) for name in self._forgotten):
-            return  # admitted before its voice was deleted: it finishes, its prefix is not kept
-        ids = r.prefix_ids
-        if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
-            self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
-
     def kept_prefixes(self) -> list[str]:
-        return self.prefixes.keys() if self.prefixes is not None else []
+        return self.kept.keys() if self.kept is not None else []
 
     def forget_prefix(self, name: str) -> None:
-        if self.prefixes is not None:
-            self.prefixes.drop_prefix(name)
-            self._forgotten.add(name)
+        if self.kept is not None:
+            self.kept.forget(name)
 
     def cancel(self, request_id: str) -> None:
         """End a request; its slot is free at the next step. Unknown ids are ignored."""
@@ -226,25 +206,32 @@ class TorchEngine:
         if not decode and not prefill:
             return deltas
         try:
-            return deltas + self._run(decode, prefill)
+            deltas += self._run(decode, prefill)
         except Exception:  # a fault stays with the request that caused it: find it
             log.exception("engine step failed; running its %d requests one at a time", len(decode) + len(prefill))
-        return deltas + self._isolate(decode, prefill)
+            deltas += self._isolate(decode, prefill)
+        self._launch_ahead()
+        return deltas
 
     def _run(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
         """build -> forward -> sample -> postprocess, the step's tokens read back from the device once.
-        Whole prompts prefill by their own step on the device (``self.prefill_step``), and audio rows
-        decode by theirs (``self.audio``), last: it moves their sampling state on the device, so nothing
-        after it may fail. On failure every sequence is as it was before
-        (positions, random generators), so the step can be run again: a forward that failed midway
-        may have written K/V at these positions, and a retry writes the same positions again."""
+
+        Audio rows whose token was computed ahead (:meth:`_launch_ahead`) are delivered, the launched
+        step's outputs read back with the rest; whole prompts prefill by their own step on the device
+        (``self.prefill_step``), audio rows not computed ahead decode by theirs (``self.audio``), last:
+        it moves their sampling state on the device, so nothing after it may fail. On failure every
+        sequence is as it was before (positions, random generators), so the step can be run again: a
+        forward that failed midway may have written K/V at these positions, and a retry writes the
+        same positions again."""
         seqs = decode + [seq for seq, _ in prefill]
         saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
-        on_device = [s for s in decode if s.on_device]
+        delivered = [s for s in decode if s.ahead]
+        on_device = [s for s in decode if s.on_device and not s.ahead]
         whole = [(s, n) for s, n in prefill if PrefillStep.takes(s, n)] if self.prefill_step is not None else []
-        host_decode = [s for s in decode if not s.on_device] if on_device else decode
+        host_decode = [s for s in decode if not s.on_device] if on_device or delivered else decode
         host_prefill = [(s, n) for s, n in prefill if not PrefillStep.takes(s, n)] if whole else prefill
         try:
+            flight = self._in_flight.detached() if self._in_flight is not None else None  # (before any replay)
             pending = []
             if host_decode or host_prefill:
                 batch, samplers = self._build(host_decode, host_prefill)
@@ -266,17 +253,52 @@ class TorchEngine:
                 for s in on_device:
                     s.num_cached += 1
             samplers = [s for p in pending for s in p.seqs]  # (in the order the parts finish)
-            tokens, logits, logit_ids = self._read_back(pending)
+            tokens, logits, logit_ids = read_back(([flight] if flight else []) + pending)
         except Exception:
             for s, (cached, rng) in zip(seqs, saved, strict=True):
                 s.num_cached = cached
                 s.generator.set_state(rng)
             raise
+        if flight is not None:  # the launched step's tokens, kept until their rows are asked for
+            self._in_flight = None
+            n = len(flight.seqs)
+            for s, *ahead in zip(flight.seqs, tokens[:n], logits[:n], logit_ids[:n], strict=True):
+                s.ahead_token = tuple(ahead)
+            tokens, logits, logit_ids = tokens[n:], logits[n:], logit_ids[n:]
+        for s in delivered:
+            (token, lg, ids), s.ahead_token, s.ahead = s.ahead_token, None, False
+            samplers.append(s)
+            tokens.append(token)
+            logits.append(lg)
+            logit_ids.append(ids)
         self.total_steps += 1
         for s, n in prefill:
             self.prefilled_tokens += n
-            self._keep_prefix(s)
+            if self.kept is not None:
+                self.kept.keep(s)
         return self._postprocess(samplers, tokens, logits, logit_ids)
+
+    def _launch_ahead(self) -> None:
+        """Start the next step of every audio row that has no token computed ahead, and do not wait for
+        it: the device computes it while the caller handles this step's tokens (its order and its
+        deltas decide nothing the step depends on: a row's next input is the token just delivered).
+        Its tokens are read back with the next step's. A launch that fails is logged; those rows then
+        decode in the next step as usual."""
+        if self.audio is None or self._in_flight is not None:
+            return
+        rows = [s for s in self.slots.by_slot.values()
+                if s.on_device and not s.ahead and not s.prefilling and not s.cancelled]
+        if not rows:
+            return
+        try:
+            with torch.inference_mode(), LEDGER.measure("model"):
+                self._in_flight = self.audio(rows)
+        except Exception:  # noqa: BLE001 - they decode in the next step, where a fault finds its request
+            log.exception("launching the next step of %d audio rows failed", len(rows))
+            return
+        for s in rows:
+            s.ahead = True
+            s.num_cached += 1
 
     def _start_sampling(self, seqs: list[Sequence], hidden: torch.Tensor) -> list:
         """The sampling of ``seqs`` (rows of ``hidden``) queued on the device, nothing read back: audio
@@ -292,21 +314,6 @@ class TorchEngine:
         if rest:
             parts.append(self.sampler.start([seqs[i] for i in rest], hidden[upload(rest, self.device)]))
         return parts
-
-    def _read_back(self, pending: list) -> tuple[list[int], list, list]:
-        """Every part's choices in one read-back from the device, then each part finished, in order."""
-        device_cols = [p.cols for p in pending if p.cols is not None]
-        host = to_host(torch.cat(device_cols)) if device_cols else []
-        tokens, logits, logit_ids = [], [], []
-        at = 0
-        for p in pending:
-            n = 0 if p.cols is None else p.cols.shape[0]
-            t, lg, ids = p.finish(host[at : at + n])
-            at += n
-            tokens += t
-            logits += lg
-            logit_ids += ids
-        return tokens, logits, logit_ids
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
         return self.model(batch, self.cache)

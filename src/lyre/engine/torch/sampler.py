@@ -115,3 +115,20 @@ class Sampled:
 
     def finish(self, chosen: list[int]) -> tuple[list, list, list]:
         return self.tokens, self.logits, self.logit_ids
+
+
+def read_back(parts: list) -> tuple[list, list, list]:
+    """Every part's choices (``cols``: Pending, Sampled, AudioPending) in one read-back from the device,
+    then each part finished, in order: tokens, recorded logits and their ids, part after part."""
+    device_cols = [p.cols for p in parts if p.cols is not None]
+    host = to_host(torch.cat(device_cols)) if device_cols else []
+    tokens, logits, logit_ids = [], [], []
+    at = 0
+    for p in parts:
+        n = 0 if p.cols is None else p.cols.shape[0]
+        t, lg, ids = p.finish(host[at : at + n])
+        at += n
+        tokens += t
+        logits += lg
+        logit_ids += ids
+    return tokens, logits, logit_ids

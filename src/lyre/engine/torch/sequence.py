@@ -29,6 +29,10 @@ class Sequence:
     cancelled: bool = False
     prefix_kept: bool = False  # its prefix is in the prefix cache (found there, or put there)
     on_device: bool = False  # decoded and sampled by the engine's on-device audio step (audio_step.py)
+    # its next token is computed ahead, by the step the engine launched at the end of its last step (its K/V
+    # written, num_cached advanced); read back into ``ahead_token`` (and its logits when it records them)
+    ahead: bool = False
+    ahead_token: tuple | None = None  # (token, logits, logit ids) read back, not yet delivered
     generated_window: deque[int] = field(default_factory=deque)  # last repetition_window tokens
 
     @property
