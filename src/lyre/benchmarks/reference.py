@@ -3,7 +3,8 @@ the checkpoint can do, timed in the same run as Lyre's engine.
 
 It is the minimal static-KV Llama (gpt-fast's shape of serving): one token per sequence, a KV cache
 allocated once for the whole context of every sequence, attention over all of it masked to each
-sequence's positions (PyTorch's SDPA), the logits of the whole vocabulary and the argmax, nothing
+sequence's positions (PyTorch's SDPA on its memory-efficient kernel: a KV head's query heads as its
+query rows), the logits of the whole vocabulary and the argmax, nothing
 else: no scheduling, no sampling rules, no per-request state. It runs on the engine's own weights
 (the same modules: int8 ones too) and on a GPU is captured as one CUDA graph per batch size; on a
 CPU it runs eagerly, and is still the peer to beat. Lyre's step also samples with the frame-slot
@@ -43,15 +44,19 @@ class ReferenceStep:
         x = m.embed(self.tokens)  # (B, H)
         cos = m.rope_cos[self.positions].unsqueeze(1)  # (B, 1, hd)
         sin = m.rope_sin[self.positions].unsqueeze(1)
-        mask = (torch.arange(self.context, device=x.device)[None, :] <= self.positions[:, None])[:, None, None, :]
+        visible = torch.arange(self.context, device=x.device)[None, :] <= self.positions[:, None]  # (B, ctx)
+        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
+        mask = mask[:, None, None, :]  # (B, 1, 1, ctx) additive, made once a step
         with torch.nn.attention.sdpa_kernel(SDPA_BACKENDS):
             for i, layer in enumerate(m.layers):
                 attn = layer.self_attn
                 q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)  # (B, nh, hd), (B, nkv, hd) x2, rotated
                 self.k[i][self.rows, :, self.positions] = k.to(self.k.dtype)  # (B, nkv, hd) at each position
                 self.v[i][self.rows, :, self.positions] = v.to(self.v.dtype)
-                out = F.scaled_dot_product_attention(q[:, :, None, :], self.k[i], self.v[i], attn_mask=mask,
-                                                     enable_gqa=True)  # (B, nh, 1, hd)
+                # a KV head's query heads as its query rows: (B, nkv, G, hd) against its K/V as they lie (SDPA's
+                # enable_gqa with a mask would leave only the math backend, in float32 with K/V repeated)
+                qg = q.view(b, attn.n_kv, attn.n_heads // attn.n_kv, attn.head_dim)
+                out = F.scaled_dot_product_attention(qg, self.k[i], self.v[i], attn_mask=mask)  # (B, nkv, G, hd)
                 x = x + attn.o_proj(out.reshape(b, attn.n_heads * attn.head_dim))
                 x = x + layer.mlp(layer.post_attention_layernorm(x))
         return m.logits(m.norm(x)).argmax(dim=-1)  # the whole vocabulary, greedy

@@ -18,6 +18,7 @@ from lyre.engine.torch.audio_step import AudioStep
 from lyre.engine.torch.cuda_graphs import GraphCaptureError
 from lyre.engine.torch.engine import TorchEngineConfig
 from lyre.engine.torch.slot_sampling import EOS_BIN, SlotSampling
+from lyre.engine.torch.static import length_buckets, slot_buckets
 from lyre.model import orpheus
 from tests.support.engines import drive, make_engine, tokens_of
 
@@ -135,11 +136,12 @@ def test_rows_that_do_not_decode_leave_their_slots_as_they_were(demo_dir):
     for _ in range(5):
         engine.step()
     held = [engine.slots.by_id[r].slot for r in ("r1", "r2")]
-    k, v = engine.cache.k[:, held].clone(), engine.cache.v[:, held].clone()
+    n = engine.cfg.max_seq_len  # (every position a sequence reads; gap rows write the scratch one after them)
+    k, v = engine.cache.k[:, held, :, :n].clone(), engine.cache.v[:, held, :, :n].clone()
     counts, history = engine.audio.sampling.counts[held].clone(), engine.audio.sampling.history[held].clone()
     for _ in range(4):
         assert {d.request_id for d in engine.step(order=["r0", "r3"])} == {"r0", "r3"}
-    assert torch.equal(engine.cache.k[:, held], k) and torch.equal(engine.cache.v[:, held], v)
+    assert torch.equal(engine.cache.k[:, held, :, :n], k) and torch.equal(engine.cache.v[:, held, :, :n], v)
     assert torch.equal(engine.audio.sampling.counts[held], counts)
     assert torch.equal(engine.audio.sampling.history[held], history)
 
@@ -185,6 +187,7 @@ def test_a_decode_step_that_cannot_be_captured_stops_the_start_naming_its_bucket
     engine = make_engine(demo_dir / "llama", slots=4, static_decode=True)
     step = AudioStep(engine.model, engine.cache, SlotSampling(4, engine.cfg.max_seq_len, engine.device), graphs=True)
     assert step.slot_buckets == [1, 2, 4] and step.length_buckets == [64, 128, 256]
+    assert slot_buckets(256)[-4:] == [160, 192, 224, 256] and length_buckets(4096)[-4:] == [1024, 2048, 3072, 4096]
     with pytest.raises(GraphCaptureError, match=r"the decode step over 1 slots and 64 positions .*"
                                                 r"engine\.cuda_graphs: false"):
         step.prepare()

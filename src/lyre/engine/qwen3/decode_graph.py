@@ -16,7 +16,7 @@ import torch
 
 from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
 from lyre.engine.torch.llama import KVCache, Llama
-from lyre.engine.torch.static import MIN_LENGTH, bucket, buckets, static_forward
+from lyre.engine.torch.static import fit, length_buckets, slot_buckets, static_forward
 
 log = logging.getLogger("lyre.engine")
 
@@ -41,8 +41,8 @@ class StaticDecode:
 
     def key(self, slots: list[int], positions: list[int]) -> tuple[int, int]:
         """(R, L) for rows of ``slots`` at ``positions``."""
-        return (bucket(max(slots) + 1, 1, self.cache.slots),
-                bucket(max(positions) + 1, MIN_LENGTH, self.cache.max_seq_len))
+        return fit(max(slots) + 1, slot_buckets(self.cache.slots)), fit(max(positions) + 1,
+                                                                         length_buckets(self.cache.max_seq_len))
 
     def __call__(self, rows: torch.Tensor, slots: list[int], positions: list[int]) -> torch.Tensor:
         """``rows`` (N, H) of decoding ``slots`` at ``positions`` -> their normed hidden states (N, H)."""
@@ -70,8 +70,8 @@ class StaticDecode:
         would hold up every stream, and CUDA's capture refuses the allocations another thread (the
         codec's) makes meanwhile. Raises GraphCaptureError naming the first bucket that fails."""
         hidden, weight = self.llama.cfg.hidden_size, self.llama.norm.weight
-        for r in buckets(1, self.cache.slots):
-            for length in buckets(MIN_LENGTH, self.cache.max_seq_len):
+        for r in slot_buckets(self.cache.slots):
+            for length in length_buckets(self.cache.max_seq_len):
                 if (r, length) not in self._captured:
                     self._captured[(r, length)] = self._capture(
                         r, length, torch.zeros(r, hidden, dtype=weight.dtype, device=weight.device))

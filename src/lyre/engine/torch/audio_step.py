@@ -22,7 +22,7 @@ from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
 from lyre.engine.torch.llama import KVCache, Llama
 from lyre.engine.torch.sequence import Sequence
 from lyre.engine.torch.slot_sampling import SlotSampling
-from lyre.engine.torch.static import MIN_LENGTH, bucket, buckets, static_forward
+from lyre.engine.torch.static import fit, length_buckets, slot_buckets, static_forward
 from lyre.engine.torch.transfer import upload
 from lyre.model import orpheus
 
@@ -89,16 +89,16 @@ class AudioStep:
 
     @property
     def slot_buckets(self) -> list[int]:
-        return buckets(1, self.cache.slots)
+        return slot_buckets(self.cache.slots)
 
     @property
     def length_buckets(self) -> list[int]:
-        return buckets(MIN_LENGTH, self.cache.max_seq_len)
+        return length_buckets(self.cache.max_seq_len)
 
     def key(self, seqs: list[Sequence]) -> tuple[int, int]:
         """(R, L): the slot and length buckets of a step decoding ``seqs``."""
-        return (bucket(max(s.slot for s in seqs) + 1, 1, self.cache.slots),
-                bucket(max(s.num_cached for s in seqs) + 1, MIN_LENGTH, self.cache.max_seq_len))
+        return (fit(max(s.slot for s in seqs) + 1, self.slot_buckets),
+                fit(max(s.num_cached for s in seqs) + 1, self.length_buckets))
 
     def __call__(self, seqs: list[Sequence]) -> AudioPending:
         """A decode step of ``seqs`` (audio rows, each at its position ``num_cached``, fed its

@@ -201,15 +201,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class KVCache:
     """K and V for ``slots`` sequences of up to ``max_seq_len`` tokens, allocated once.
 
-    Layout (layers, slots, kv_heads, max_seq_len, head_dim). Written only through :meth:`write`
+    Layout (layers, slots, kv_heads, max_seq_len + 1, head_dim): the last position (:attr:`scratch`) is
+    no sequence's: rows of a static step that do not run write there. Written only through :meth:`write`
     (a forward's new tokens) and :meth:`load` (a kept prefix, copied in on admission).
     """
 
     def __init__(self, cfg: LlamaConfig, slots: int, max_seq_len: int, dtype: torch.dtype, device: torch.device):
-        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, slots, cfg.num_key_value_heads, max_seq_len + 1, cfg.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.slots, self.max_seq_len = slots, max_seq_len
+        self.scratch = max_seq_len  # the position no sequence reaches
 
     @property
     def nbytes(self) -> int:

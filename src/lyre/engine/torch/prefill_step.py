@@ -7,8 +7,8 @@ need the K/V already in their slot and run the host step. The step's prompts are
 (the smallest bucket, a power of two from 16 up to ``max_prefill_tokens``, that holds them): every
 row knows its prompt, position and slot. A row attends to the rows of its own prompt at or before
 its position — all of its history is in this step, so attention reads no cache — and its K/V are
-written into its slot. Padding rows (prompt -1) attend among themselves and write back, at the last
-position of slot 0, what they read there: no prompt reaches that position, so they change nothing.
+written into its slot. Padding rows (prompt -1) attend among themselves and write their K/V at the
+cache's scratch position of slot 0, which no sequence reads: they change nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch.nn.attention import sdpa_kernel
 from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
 from lyre.engine.torch.llama import SDPA_BACKENDS, KVCache, Llama
 from lyre.engine.torch.sequence import Sequence
-from lyre.engine.torch.static import bucket, buckets
+from lyre.engine.torch.static import additive, bucket, buckets
 from lyre.engine.torch.transfer import upload
 
 log = logging.getLogger("lyre.engine")
@@ -38,18 +38,18 @@ def prefill_rows(model: Llama, cache: KVCache, inputs: torch.Tensor) -> torch.Te
     tokens, positions, prompt = inputs[TOKEN], inputs[POSITION], inputs[PROMPT]
     valid = prompt >= 0
     slots = torch.where(valid, inputs[SLOT], 0)
-    at = torch.where(valid, positions, cache.max_seq_len - 1)  # (padding: a position no prompt reaches)
-    mask = ((prompt[:, None] == prompt[None, :]) & (positions[None, :] <= positions[:, None]))[None, None]  # (1,1,T,T)
+    at = torch.where(valid, positions, cache.scratch)  # (padding writes where no sequence reads)
     x = model.embed(tokens)  # (T, H)
+    visible = (prompt[:, None] == prompt[None, :]) & (positions[None, :] <= positions[:, None])  # (T, T)
+    mask = additive(visible, x.dtype)[None, None]  # (1, 1, T, T), made once a step
     cos = model.rope_cos[positions].unsqueeze(1)  # (T, 1, hd)
     sin = model.rope_sin[positions].unsqueeze(1)
-    keep = valid[:, None, None]
     with sdpa_kernel(SDPA_BACKENDS):
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)  # (T, nh, hd), (T, nkv, hd) x2
-            for store, new in ((cache.k[i], k), (cache.v[i], v)):  # (padding writes back what it read)
-                store[slots, :, at] = torch.where(keep, new.to(store.dtype), store[slots, :, at])
+            cache.k[i][slots, :, at] = k.to(cache.k.dtype)
+            cache.v[i][slots, :, at] = v.to(cache.v.dtype)
             group = attn.n_heads // attn.n_kv
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (T, nh, hd)
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None].to(q.dtype),
