@@ -192,13 +192,13 @@ def test_the_on_device_sampler_meets_the_specification(monkeypatch):
     n = len(all_cases)
     state = slot_sampling.SlotSampling(n, 256, torch.device("cpu"))
     for i, (_, generated, p) in enumerate(all_cases):
-        state.admit(i, p, seed=i)
+        state.admit(i, p)
         for j, t in enumerate(generated):  # what sampling each token recorded
             state._record(torch.tensor([i]), torch.tensor([True]), torch.tensor([j]),
                           torch.tensor([t - orpheus.AUDIO_TOKEN_OFFSET]))
     generated = torch.tensor([len(g) for _, g, _ in all_cases])
     state.sample(TableModel(rows), torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n),
-                 torch.ones(n, dtype=torch.bool), generated % 7, generated)
+                 torch.ones(n, dtype=torch.bool), generated % 7, generated, torch.arange(n) * 1000)
     assert len(drawn) == 1 and n > 15
     for i, (prompt, gen, p) in enumerate(all_cases):
         got = full_row(drawn[0][i], code(len(gen), 0), True)

@@ -3,8 +3,8 @@
 (:class:`~lyre.engine.torch.slot_sampling.SlotSampling`) as one function of fixed buffers, replayed on
 a GPU as one CUDA graph per (slot bucket, length bucket), run eagerly elsewhere.
 
-A step's inputs are five numbers per row (valid, input token, position, frame slot, tokens generated)
-laid out by slot on the host, in pinned memory on a GPU, and copied to the device in one transfer;
+A step's inputs are six numbers per row (valid, input token, position, frame slot, tokens generated,
+its uniform draw) laid out by slot on the host, in pinned memory on a GPU, and copied to the device in one transfer;
 its outputs, the sampled ids of every row of the bucket and the logits they were drawn from, stay
 on the device until the engine reads the whole step's ids back, once. Nothing in a decode step
 depends on Python per sequence beyond filling those five numbers.
@@ -15,11 +15,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lyre.engine.torch.constrained import BAND, CONSTRAINED_COLS, col_ids
 from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
 from lyre.engine.torch.llama import KVCache, Llama
+from lyre.engine.torch.row_sampling import draw_bits
 from lyre.engine.torch.sequence import Sequence
 from lyre.engine.torch.slot_sampling import SlotSampling
 from lyre.engine.torch.static import fit, length_buckets, slot_buckets, static_forward
@@ -28,20 +30,20 @@ from lyre.model import orpheus
 
 log = logging.getLogger("lyre.engine")
 
-VALID, TOKEN, POSITION, FRAME, GENERATED = range(5)  # the rows of a step's input
+VALID, TOKEN, POSITION, FRAME, GENERATED, DRAW = range(6)  # the rows of a step's input
+FIELDS = 6
 
 
 def decode_rows(model: Llama, cache: KVCache, sampling: SlotSampling, inputs: torch.Tensor, length: int
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode step of slots 0..R-1 from ``inputs`` (5, R): their K/V written in place, attention
+    """One decode step of slots 0..R-1 from ``inputs`` (6, R): their K/V written in place, attention
     over each slot's first ``length`` positions (masked to its own), a token sampled per valid row.
     Returns the ids (R,) and the recorded logits (R, 4097); a gap row's are meaningless."""
     r = inputs.shape[1]
     valid = inputs[VALID] > 0
     x = model.embed(inputs[TOKEN])  # (R, H)
     hidden = static_forward(model, cache, x, inputs[POSITION], valid, length)  # (R, H)
-    slots = torch.arange(r, device=inputs.device)
-    return sampling.sample(model, hidden, slots, valid, inputs[FRAME], inputs[GENERATED])
+    return sampling.sample(model, hidden, r, valid, inputs[FRAME], inputs[GENERATED], inputs[DRAW])
 
 
 @dataclass
@@ -80,8 +82,8 @@ class AudioStep:
     def __init__(self, model: Llama, cache: KVCache, sampling: SlotSampling, graphs: bool = False):
         self.model, self.cache, self.sampling, self.graphs = model, cache, sampling, graphs
         device = cache.k.device
-        self.inputs = torch.zeros(5, cache.slots, dtype=torch.long, device=device)  # every graph reads its [:, :R]
-        self.host = torch.zeros(5, cache.slots, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.inputs = torch.zeros(FIELDS, cache.slots, dtype=torch.long, device=device)  # graphs read its [:, :R]
+        self.host = torch.zeros(FIELDS, cache.slots, dtype=torch.long, pin_memory=device.type == "cuda")
         self._copied: torch.cuda.Event | None = None  # the last copy out of ``host`` (a GPU's copy is asynchronous)
         self._pool = GraphPool()
         self._captured: dict[tuple[int, int], Graph] = {}
@@ -107,12 +109,16 @@ class AudioStep:
         self.steps, self.gap_rows = self.steps + 1, self.gap_rows + r - len(seqs)
         if self._copied is not None:
             self._copied.synchronize()  # (the last step's copy has left the pinned buffer: it was read back since)
-        host = self.host
-        host.zero_()
-        rows = torch.tensor([(1, s.next_input, s.num_cached, s.audio_k % orpheus.FRAME_TOKENS, s.num_generated)
-                             for s in seqs], dtype=torch.long)  # (N, 5)
-        host[:, [s.slot for s in seqs]] = rows.T
-        self.inputs.copy_(host, non_blocking=True)
+        host = self.host.numpy()  # (6, slots): the pinned buffer itself
+        host[:] = 0
+        columns = np.array([(s.slot, s.next_input, s.num_cached, s.audio_k, s.num_generated, s.seed) for s in seqs],
+                           dtype=np.int64).T  # (6, N)
+        slots = columns[0]
+        host[VALID, slots] = 1
+        host[TOKEN, slots], host[POSITION, slots] = columns[1], columns[2]
+        host[FRAME, slots], host[GENERATED, slots] = columns[3] % orpheus.FRAME_TOKENS, columns[4]
+        host[DRAW, slots] = draw_bits(columns[5], columns[4])
+        self.inputs.copy_(self.host, non_blocking=True)
         if self.inputs.is_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
@@ -127,10 +133,13 @@ class AudioStep:
     def sample(self, seqs: list[Sequence], hidden: torch.Tensor) -> AudioPending:
         """The first token of each of ``seqs`` (audio rows whose prompt was just prefilled) from their
         normed hidden states (N, H), eagerly."""
-        host = torch.tensor([(s.slot, s.audio_k % orpheus.FRAME_TOKENS, s.num_generated) for s in seqs]).T  # (3, N)
-        slots, frame, generated = upload(host, hidden.device)
+        columns = np.array([(s.slot, s.audio_k % orpheus.FRAME_TOKENS, s.num_generated, s.seed) for s in seqs],
+                           dtype=np.int64).T  # (4, N)
+        host = np.concatenate([columns[:3], draw_bits(columns[3], columns[2])[None]])
+        slots, frame, generated, draws = upload(torch.from_numpy(host), hidden.device)
+        self.sampling.counts[slots] = 0  # (its first token: a retried step counts it once)
         valid = torch.ones(len(seqs), dtype=torch.bool, device=hidden.device)
-        ids, logits = self.sampling.sample(self.model, hidden, slots, valid, frame, generated)
+        ids, logits = self.sampling.sample(self.model, hidden, slots, valid, frame, generated, draws)
         return AudioPending(seqs, list(range(len(seqs))), ids, logits)
 
     def prepare(self) -> None:

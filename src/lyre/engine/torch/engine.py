@@ -139,11 +139,12 @@ class TorchEngine:
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         generator = torch.Generator().manual_seed(seed)
         seq = self._sequence(request, generator)
+        seq.seed = seed
         self.slots.admit(seq)
         if self.audio is not None and seq.constrained and request.prompt_len and seq.audio_k == 0:
             seq.on_device = True  # constrained from its first token: sampled on the device
             with torch.inference_mode():
-                self.audio.sampling.admit(seq.slot, request.sampling, seed)
+                self.audio.sampling.admit(seq.slot, request.sampling)
         if self.kept is not None:
             self.kept.reuse(seq)
         self.prompt_tokens += request.prompt_len

@@ -21,6 +21,7 @@ class Sequence:
     request: GenerationRequest
     order: int  # admission order: the default decode order and the prefill tie-break
     generator: torch.Generator
+    seed: int = 0  # its sampling seed (the request's, or drawn at admission): the on-device draws' too
     slot: int = -1
     num_cached: int = 0  # tokens whose K/V are in the slot
     num_generated: int = 0
