@@ -103,7 +103,7 @@ class TorchEngine:
         graphs = self.cfg.cuda_graphs and self.device.type == "cuda"
         sampling = SlotSampling(self.cfg.slots, self.cfg.max_seq_len, self.device, audio_head(self.model))
         audio = AudioStep(self.model, self.cache, sampling, graphs=graphs)
-        prefill = PrefillStep(self.model, self.cache, self.cfg.max_prefill_tokens, graphs=graphs)
+        prefill = PrefillStep(self.model, self.cache, sampling, self.cfg.max_prefill_tokens, graphs=graphs)
         if graphs:
             with torch.inference_mode():
                 prefill.prepare()
@@ -229,8 +229,9 @@ class TorchEngine:
         delivered = [s for s in decode if s.ahead]
         on_device = [s for s in decode if s.on_device and not s.ahead]
         whole = [(s, n) for s, n in prefill if PrefillStep.takes(s, n)] if self.prefill_step is not None else []
+        whole = whole[: self.prefill_step.fits([s for s, _ in whole])] if whole else whole
         host_decode = [s for s in decode if not s.on_device] if on_device or delivered else decode
-        host_prefill = [(s, n) for s, n in prefill if not PrefillStep.takes(s, n)] if whole else prefill
+        host_prefill = [p for p in prefill if p not in whole] if whole else prefill
         try:
             flight = self._in_flight.detached() if self._in_flight is not None else None  # (before any replay)
             pending = []
@@ -243,11 +244,14 @@ class TorchEngine:
             if whole:
                 prompts = [s for s, _ in whole]
                 with LEDGER.measure("model"):
-                    hidden = self.prefill_step(prompts)  # (N, H): each prompt's last token
+                    hidden, first = self.prefill_step(prompts)  # (N, H) each prompt's last; audio rows' tokens
                 for s, n in whole:
                     s.num_cached += n
-                with LEDGER.measure("sampling"):
-                    pending += self._start_sampling(prompts, hidden)
+                pending += [first] if first is not None else []
+                rest = [i for i, s in enumerate(prompts) if not s.on_device]
+                if rest:
+                    with LEDGER.measure("sampling"):
+                        pending.append(self.sampler.start([prompts[i] for i in rest], hidden[upload(rest, self.device)]))
             if on_device:
                 with LEDGER.measure("model"):
                     pending.append(self.audio(on_device))

@@ -8,27 +8,32 @@ need the K/V already in their slot and run the host step. The step's prompts are
 row knows its prompt, position and slot. A row attends to the rows of its own prompt at or before
 its position — all of its history is in this step, so attention reads no cache — and its K/V are
 written into its slot. Padding rows (prompt -1) attend among themselves and write their K/V at the
-cache's scratch position of slot 0, which no sequence reads: they change nothing.
+cache's scratch position of slot 0, which no sequence reads: they change nothing. The first token of
+each audio row's prompt is sampled in the same graph, from its last row, as the decode step samples.
 """
 
 from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
+from lyre.engine.torch.audio_step import AudioPending
 from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
 from lyre.engine.torch.llama import SDPA_BACKENDS, KVCache, Llama
+from lyre.engine.torch.row_sampling import draw_bits
 from lyre.engine.torch.sequence import Sequence
+from lyre.engine.torch.slot_sampling import SlotSampling
 from lyre.engine.torch.static import additive, bucket, buckets
-from lyre.engine.torch.transfer import upload
 
 log = logging.getLogger("lyre.engine")
 
 MIN_TOKENS = 16  # the smallest token bucket
-TOKEN, POSITION, SLOT, PROMPT = range(4)  # the rows of a step's input
+TOKEN, POSITION, SLOT, PROMPT = range(4)  # the rows of a step's tokens
+P_SAMPLED, P_SLOT, P_LAST, P_DRAW = range(4)  # the rows of its prompts (rows 4-7 of the input)
 
 
 def prefill_rows(model: Llama, cache: KVCache, inputs: torch.Tensor) -> torch.Tensor:
@@ -59,15 +64,33 @@ def prefill_rows(model: Llama, cache: KVCache, inputs: torch.Tensor) -> torch.Te
     return model.norm(x)
 
 
-class PrefillStep:
-    """Runs a step's whole prompts by :func:`prefill_rows`: eagerly, or (``graphs``) by replaying the
-    graph of its token bucket, every graph captured by :meth:`prepare` at start."""
+def prefill_and_sample(model: Llama, cache: KVCache, sampling: SlotSampling, inputs: torch.Tensor,
+                       prompts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`prefill_rows` of ``inputs`` (4, T), then the first token of each prompt of ``prompts``
+    (4, P: sampled, slot, last row, draw; a prompt not sampled here names the sampling's scratch row):
+    each prompt's last hidden state (P, H), and its token (P,) and logits (P, 4097) as the decode
+    step makes them (frame slot 0, nothing generated, its window counts reset)."""
+    hidden = prefill_rows(model, cache, inputs)  # (T, H)
+    last = hidden[prompts[P_LAST]]  # (P, H)
+    valid, slots = prompts[P_SAMPLED] > 0, prompts[P_SLOT]
+    sampling.counts.index_fill_(0, slots, 0)  # (a first token: a retried step counts it once)
+    start = torch.zeros_like(slots)
+    ids, logits = sampling.sample(model, last, slots, valid, start, start, prompts[P_DRAW])
+    return last, ids, logits
 
-    def __init__(self, model: Llama, cache: KVCache, max_tokens: int, graphs: bool = False):
-        self.model, self.cache, self.max_tokens, self.graphs = model, cache, max_tokens, graphs
+
+class PrefillStep:
+    """Runs a step's whole prompts by :func:`prefill_and_sample`: eagerly, or (``graphs``) by replaying
+    the graph of its token bucket (T tokens, up to T / 4 prompts), every graph captured by
+    :meth:`prepare` at start. A prompt of an audio row gets its first token in the same graph."""
+
+    def __init__(self, model: Llama, cache: KVCache, sampling: SlotSampling, max_tokens: int, graphs: bool = False):
+        self.model, self.cache, self.sampling, self.graphs = model, cache, sampling, graphs
+        self.max_tokens = max(MIN_TOKENS, max_tokens)
         device = cache.k.device
-        self.inputs = torch.zeros(4, max_tokens, dtype=torch.long, device=device)  # every graph reads its [:, :T]
-        self.host = torch.zeros(4, max_tokens, dtype=torch.long, pin_memory=device.type == "cuda")
+        # tokens (4, T) in rows 0-3, prompts (4, P) in rows 4-7; each graph reads its T and P columns
+        self.inputs = torch.zeros(8, self.max_tokens, dtype=torch.long, device=device)
+        self.host = torch.zeros(8, self.max_tokens, dtype=torch.long, pin_memory=device.type == "cuda")
         self._copied: torch.cuda.Event | None = None
         self._pool = GraphPool()
         self._captured: dict[int, Graph] = {}
@@ -82,45 +105,66 @@ class PrefillStep:
         """Does a chunk of ``n`` tokens of ``seq`` run here: all of its prompt, from position 0?"""
         return seq.num_cached == 0 and n == seq.prompt_len
 
-    def __call__(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Every prompt of ``seqs`` (none cached yet) through the decoder: the normed hidden state of each
-        one's last token (N, H), in order. Their positions are not advanced here."""
+    def fits(self, seqs: list[Sequence]) -> int:
+        """How many of ``seqs`` (in order) one step holds: their tokens within the largest bucket, and
+        at most a quarter as many prompts."""
+        total = 0
+        for i, s in enumerate(seqs):
+            total += s.prompt_len
+            if total > self.max_tokens or 4 * (i + 1) > self.max_tokens:
+                return i
+        return len(seqs)
+
+    def _views(self, t: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[:4, :t], self.inputs[4:, : t // 4]
+
+    def __call__(self, seqs: list[Sequence]) -> tuple[torch.Tensor, AudioPending | None]:
+        """Every prompt of ``seqs`` (none cached yet; :meth:`fits` all of them) through the decoder: the
+        normed hidden state of each one's last token (N, H), in order, and the first tokens of those
+        sampled on the device (``on_device``), not read back. Their positions are not advanced here."""
         total = sum(s.prompt_len for s in seqs)
-        t = bucket(total, MIN_TOKENS, self.max_tokens)
-        assert total <= self.max_tokens, f"{total} prompt tokens in a step of at most {self.max_tokens}"
+        assert self.fits(seqs) == len(seqs), f"{len(seqs)} prompts of {total} tokens in one prefill step"
+        t = bucket(max(total, 4 * len(seqs)), MIN_TOKENS, self.max_tokens)
         self.steps, self.padding = self.steps + 1, self.padding + t - total
         if self._copied is not None:
             self._copied.synchronize()  # (the last copy has left the pinned buffer)
-        host, last = self.host, []
-        host[PROMPT].fill_(-1)
-        host[:PROMPT].zero_()
+        host = self.host.numpy()  # (8, max_tokens): the pinned buffer itself
+        host[:4] = 0
+        host[PROMPT] = -1
+        host[4:] = 0
+        host[4 + P_SLOT] = self.sampling.scratch
         at = 0
         for i, s in enumerate(seqs):
             n = s.prompt_len
-            host[TOKEN, at : at + n] = torch.tensor(s.request.prompt_ids)
-            host[POSITION, at : at + n] = torch.arange(n)
+            host[TOKEN, at : at + n] = s.request.prompt_ids
+            host[POSITION, at : at + n] = np.arange(n)
             host[SLOT, at : at + n], host[PROMPT, at : at + n] = s.slot, i
             at += n
-            last.append(at - 1)
-        self.inputs.copy_(host, non_blocking=True)
+            host[4 + P_SAMPLED, i], host[4 + P_SLOT, i], host[4 + P_LAST, i] = s.on_device, s.slot, at - 1
+            host[4 + P_DRAW, i] = draw_bits([s.seed], [0])[0]
+        self.inputs.copy_(self.host, non_blocking=True)
         if self.inputs.is_cuda:
             self._copied = torch.cuda.Event()
             self._copied.record()
         graph = self._captured.get(t)
         if graph is not None:
-            hidden = graph.replay()
+            last, ids, logits = graph.replay()
         else:
             assert not self.graphs, f"no CUDA graph for {t} prompt tokens (prepare() captures them all)"
-            hidden = prefill_rows(self.model, self.cache, self.inputs[:, :t])
-        return hidden[upload(last, hidden.device)]  # (N, H)
+            last, ids, logits = prefill_and_sample(self.model, self.cache, self.sampling, *self._views(t))
+        sampled = [i for i, s in enumerate(seqs) if s.on_device]
+        first = AudioPending([seqs[i] for i in sampled], sampled, ids, logits) if sampled else None
+        return last[: len(seqs)], first
 
     def prepare(self) -> None:
         """Capture every token bucket's graph now, at start. Raises GraphCaptureError naming the first
         bucket that fails."""
         self.inputs.zero_()
         self.inputs[PROMPT].fill_(-1)  # (warm-up and capture see only padding: it changes nothing)
+        self.inputs[4 + P_SLOT].fill_(self.sampling.scratch)
         for t in self.token_buckets:
             if t not in self._captured:
-                self._captured[t] = capture(lambda t=t: prefill_rows(self.model, self.cache, self.inputs[:, :t]),
-                                            f"the prefill step over {t} prompt tokens", self._pool)
+                self._captured[t] = capture(
+                    lambda t=t: prefill_and_sample(self.model, self.cache, self.sampling, *self._views(t)),
+                    f"the prefill step over {t} prompt tokens", self._pool)
         log.info("prefill step: %d CUDA graphs captured (tokens %s)", len(self._captured), self.token_buckets)

@@ -38,14 +38,17 @@ class SlotSampling:
     """Per-slot sampling state of audio rows, on the device, allocated once."""
 
     def __init__(self, slots: int, max_seq_len: int, device: torch.device, head: torch.Tensor | None = None):
-        """``head``: :func:`audio_head` of the model (None: the sampler reads the model's ``lm_head``)."""
+        """``head``: :func:`audio_head` of the model (None: the sampler reads the model's ``lm_head``). One
+        row more than ``slots``: :attr:`scratch`, which rows that do not sample may name."""
         def zeros(dtype: torch.dtype = torch.long) -> torch.Tensor:
-            return torch.zeros(slots, dtype=dtype, device=device)
+            return torch.zeros(slots + 1, dtype=dtype, device=device)
+
+        self.scratch = slots
 
         self.temperature, self.top_p, self.penalty = zeros(torch.float32), zeros(torch.float32), zeros(torch.float32)
         self.top_k, self.window, self.min_tokens = zeros(), zeros(), zeros()
-        self.history = torch.zeros(slots, max_seq_len, dtype=torch.long, device=device)  # bin of each token generated
-        self.counts = torch.zeros(slots, BINS, dtype=torch.int32, device=device)  # of each bin in the window
+        self.history = torch.zeros(slots + 1, max_seq_len, dtype=torch.long, device=device)  # bin of each token made
+        self.counts = torch.zeros(slots + 1, BINS, dtype=torch.int32, device=device)  # of each bin in the window
         self.device, self.head = device, head
 
     def admit(self, slot: int, params: SamplingParams) -> None:
