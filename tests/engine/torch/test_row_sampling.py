@@ -4,9 +4,8 @@ each code its probability."""
 
 from __future__ import annotations
 
-import torch
-
 import numpy as np
+import torch
 
 from lyre.engine.torch.row_sampling import draw_bits, sample_rows, uniform
 
