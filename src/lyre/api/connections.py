@@ -18,7 +18,11 @@ and :class:`ConnectionGuard` decides:
   ``header_timeout_s`` of grace (a slow but honest 10 MB upload passes; a stalled one is cut, and
   whatever place it held is freed by its handler's unwinding);
 - an idle keep-alive connection is aborted by aiohttp's own ``keepalive_timeout``
-  (``server.keepalive_timeout_s``).
+  (``server.keepalive_timeout_s``);
+- its kernel send buffer is fixed (:data:`SEND_BUFFER_BYTES`): a slow reader's audio waits in the
+  server, where backpressure and its listener's clock count it (a kernel that grows the buffer, as
+  Linux 6.18 does on loopback to 4 MB, took a whole utterance and ended its session as if it had
+  been heard).
 
 A cut connection is aborted and counted in ``lyre_connections_cut``; the log gets one line per
 cause per minute (:mod:`lyre.api.log_storms`). Only the event loop's thread uses these.
@@ -27,7 +31,9 @@ cause per minute (:mod:`lyre.api.log_storms`). Only the event loop's thread uses
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import socket
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +50,10 @@ MOST_CONNECTIONS = 16384  # server.max_connections 0 derives at most this (memor
 # descriptor limit with everything else; out of descriptors, asyncio stops accepting for a second
 # (everyone's /health waited 1 s)
 BACKLOG = 128
+# the kernel's send buffer of an accepted connection (Linux doubles it for its bookkeeping): audio a client
+# has not read stays in the server's hands, where backpressure and the listener's clock see it (~1.3 s of
+# 24 kHz PCM here), not in megabytes of kernel memory the kernel may grow it to per slow reader
+SEND_BUFFER_BYTES = 64 * 1024
 GRPC_SHARE = 4  # of the connection cap, 1/GRPC_SHARE goes to the gRPC port (grpc.max_allowed_incoming_connections)
 
 
@@ -166,6 +176,10 @@ class Guarded(asyncio.Protocol):
             transport.abort()  # the inner protocol never sees it
             return
         self.address, self.transport, self.inner = address, transport, self._make_inner()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # (a fixed size: the kernel no longer grows it, to megabytes on some kernels)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self.guard.live[transport] = self
         self._arm(self.guard.header_timeout_s, "header_timeout_s: no complete request headers in time")
         self.inner.connection_made(transport)
