@@ -118,11 +118,9 @@ def poison(monkeypatch: pytest.MonkeyPatch, engine: TorchEngine, stage: str, req
         monkeypatch.setattr(engine.sampler, "draw", sampling)
         return
     assert stage in ("prefill", "decode"), stage
-    if stage == "decode" and engine.audio is not None:  # audio rows decode by the on-device step
-        monkeypatch.setattr(engine, "audio", _PoisonedStep(engine.audio, poisoned, fault))
-        return
-    if stage == "prefill" and engine.prefill_step is not None:  # whole prompts prefill by theirs
-        monkeypatch.setattr(engine, "prefill_step", _PoisonedStep(engine.prefill_step, poisoned, fault))
+    if engine.on_device is not None and stage in ("decode", "prefill"):  # audio rows and whole prompts run there
+        name = {"decode": "audio", "prefill": "prefill"}[stage]
+        monkeypatch.setattr(engine.on_device, name, _PoisonedStep(getattr(engine.on_device, name), poisoned, fault))
         return
     forward = engine.model.forward
 

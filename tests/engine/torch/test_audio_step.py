@@ -49,7 +49,7 @@ def test_greedy_tokens_and_logits_equal_the_host_steps(demo_dir):
     host = drive(make_engine(demo_dir / "llama", slots=6, max_batch_size=6), staggered("s", greedy=True))
     engine = make_engine(demo_dir / "llama", slots=6, max_batch_size=6, static_decode=True)
     device = drive(engine, staggered("s", greedy=True))
-    assert engine.audio is not None and engine.audio.steps > 50 and engine.audio.gap_rows > 0
+    assert engine.on_device.audio.steps > 50 and engine.on_device.audio.gap_rows > 0
     assert device.keys() == host.keys()
     for rid in host:
         assert tokens_of(device[rid]) == tokens_of(host[rid]), rid
@@ -77,7 +77,7 @@ def test_whole_prompts_prefill_on_the_device_beside_chunked_ones(demo_dir):
     host = drive(make_engine(demo_dir / "llama", slots=6, max_batch_size=6, max_prefill_tokens=32), arrivals())
     engine = make_engine(demo_dir / "llama", slots=6, max_batch_size=6, max_prefill_tokens=32, static_decode=True)
     device = drive(engine, arrivals())
-    assert engine.prefill_step.steps >= 2 and engine.prefill_step.padding > 0
+    assert engine.on_device.prefill.steps >= 2 and engine.on_device.prefill.padding > 0
     for rid in host:
         assert tokens_of(device[rid]) == tokens_of(host[rid]), rid
         assert torch.allclose(device[rid][0].logits, host[rid][0].logits, atol=1e-4), rid
@@ -109,7 +109,7 @@ def test_the_penalty_window_on_the_device_holds_the_last_tokens_of_each_row(demo
         engine.add(GenerationRequest(rid, prompt(len(made)), SamplingParams(
             temperature=1.5, top_p=1.0, repetition_penalty=1.2, repetition_window=w, max_tokens=40, seed=7)))
         made[rid] = []
-    sampling = engine.audio.sampling
+    sampling = engine.on_device.audio.sampling
     ahead_seen = 0
     while engine.has_work():
         for d in engine.step():
@@ -138,12 +138,12 @@ def test_rows_that_do_not_decode_leave_their_slots_as_they_were(demo_dir):
     held = [engine.slots.by_id[r].slot for r in ("r1", "r2")]
     n = engine.cfg.max_seq_len  # (every position a sequence reads; gap rows write the scratch one after them)
     k, v = engine.cache.k[:, held, :, :n].clone(), engine.cache.v[:, held, :, :n].clone()
-    counts, history = engine.audio.sampling.counts[held].clone(), engine.audio.sampling.history[held].clone()
+    sampling = engine.on_device.audio.sampling
+    counts, history = sampling.counts[held].clone(), sampling.history[held].clone()
     for _ in range(4):
         assert {d.request_id for d in engine.step(order=["r0", "r3"])} == {"r0", "r3"}
     assert torch.equal(engine.cache.k[:, held, :, :n], k) and torch.equal(engine.cache.v[:, held, :, :n], v)
-    assert torch.equal(engine.audio.sampling.counts[held], counts)
-    assert torch.equal(engine.audio.sampling.history[held], history)
+    assert torch.equal(sampling.counts[held], counts) and torch.equal(sampling.history[held], history)
 
 
 def test_every_step_launches_the_next_step_of_the_audio_rows_before_it_returns(demo_dir):
@@ -156,15 +156,16 @@ def test_every_step_launches_the_next_step_of_the_audio_rows_before_it_returns(d
     engine.add(GenerationRequest("free", [orpheus.BOS, 400, 401], SamplingParams(max_tokens=30, seed=9)))
     engine.step()  # the prompts: first tokens, then every audio row's next one launched
     rows = {rid: engine.slots.by_id[rid] for rid in ("r0", "r1", "r2", "free")}
-    assert [rows[r].ahead for r in rows] == [True, True, True, False] and engine._in_flight is not None
-    launched = engine.audio.steps
+    assert [rows[r].ahead for r in rows] == [True, True, True, False] and engine.on_device.in_flight is not None
+    launched = engine.on_device.audio.steps
     got = engine.step(order=["r0", "free"])
     assert {d.request_id for d in got} == {"r0", "free"}
-    assert engine.audio.steps == launched + 1 and engine._in_flight.seqs == [rows["r0"]]  # r1, r2 keep theirs
+    assert engine.on_device.audio.steps == launched + 1
+    assert engine.on_device.in_flight.seqs == [rows["r0"]]  # r1 and r2 keep theirs
     assert rows["r1"].ahead_token is not None and rows["r1"].ahead and rows["r1"].num_generated == 1
     delivered = {d.request_id: d.token_ids for d in engine.step(order=["r1"])}
     assert list(delivered) == ["r1"] and delivered["r1"] == [rows["r1"].next_input]
-    assert engine._in_flight.seqs == [rows["r1"]] and rows["r0"].ahead_token is not None
+    assert engine.on_device.in_flight.seqs == [rows["r1"]] and rows["r0"].ahead_token is not None
 
 
 def test_only_rows_constrained_from_their_first_token_run_on_the_device(demo_dir):
@@ -175,7 +176,7 @@ def test_only_rows_constrained_from_their_first_token_run_on_the_device(demo_dir
                 GenerationRequest("free", [orpheus.BOS, 400, 401], SamplingParams(max_tokens=20, seed=2)),
                 GenerationRequest("open", prompt(1), SamplingParams(max_tokens=20, seed=3, constrain_audio=False))]
     out = drive(engine, {0: requests})
-    assert [engine.audio.steps > 0, all(len(tokens_of(out[r])) == 20 for r in out)] == [True, True]
+    assert [engine.on_device.audio.steps > 0, all(len(tokens_of(out[r])) == 20 for r in out)] == [True, True]
     assert all(orpheus.is_audio_id(t) for t in tokens_of(out["audio"]))
     assert any(not orpheus.is_audio_id(t) for t in tokens_of(out["free"]) + tokens_of(out["open"]))
 

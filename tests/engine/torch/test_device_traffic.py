@@ -156,7 +156,7 @@ def test_a_step_reads_the_device_back_once_however_many_rows_it_samples(demo_dir
     assert len(out) == 12 and all(out[r][-1].finish_reason in ("length", "stop") for r in out)
     assert max(rows for rows, _, _ in per_step) == 8  # full batches ...
     assert all(calls == (1 if rows else 0) for rows, calls, _ in per_step)  # ... read back once a step
-    assert (engine.audio is not None and engine.audio.steps > 10) == on_device
+    assert (engine.on_device is not None and engine.on_device.audio.steps > 10) == on_device
     free = [tokens_of(out[f"r{i}"]) for i in range(12) if i % 3 == 2]
     assert any(not orpheus.is_audio_id(t) for tokens in free for t in tokens)  # full-vocabulary rows ran too
 

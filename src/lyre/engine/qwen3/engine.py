@@ -82,9 +82,9 @@ class QwenEngine(TorchEngine):
         return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode,
                    graphs)
 
-    def _static_steps(self) -> tuple[None, None]:
+    def _on_device(self) -> None:
         """None: a talker's rows are frames, stepped by :class:`StaticDecode` and the frame sampler."""
-        return None, None
+        return None
 
     # --- the contract ---------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ start-of-speech: every Orpheus speech request) decode by the on-device audio ste
 (:mod:`lyre.engine.torch.audio_step`): the decoder over static shapes and their sampling on the
 device, one CUDA graph per (slot bucket, length bucket), captured at start. Prompt chunks and other
 rows run the host step above in the same ``step()``, and the step's tokens are read back once. Each
-``step()`` ends by launching the audio rows' next step without waiting for it (:meth:`_launch_ahead`):
+``step()`` ends by launching the audio rows' next step without waiting for it (:mod:`.on_device`):
 the device computes it while the caller handles the deltas, and the next ``step()`` delivers it.
 
 ``add`` puts a request into the lowest free slot at once, or returns False when none is free: the
@@ -47,17 +47,15 @@ import torch
 
 from lyre.cpu import LEDGER
 from lyre.engine.base import EngineStats, GenerationRequest, TokenDelta, check_prompt
-from lyre.engine.torch.audio_step import AudioPending, AudioStep
 from lyre.engine.torch.config import TorchEngineConfig
 from lyre.engine.torch.host_heap import keep_freed_memory
 from lyre.engine.torch.kept_prefixes import KeptPrefixes
 from lyre.engine.torch.llama import ForwardBatch, KVCache, Llama, load_llama
-from lyre.engine.torch.prefill_step import PrefillStep
+from lyre.engine.torch.on_device import OnDevice
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.quantize import quantize
 from lyre.engine.torch.sampler import StepSampler, read_back
 from lyre.engine.torch.sequence import Sequence, SlotPool
-from lyre.engine.torch.slot_sampling import SlotSampling, audio_head
 from lyre.engine.torch.transfer import upload
 from lyre.model import checkpoint, orpheus
 
@@ -91,24 +89,11 @@ class TorchEngine:
         self.prompt_tokens = self.prefilled_tokens = 0
         self.prefixes = PrefixCache(config.prefix_cache_bytes) if config.prefix_cache_bytes else None
         self.kept = KeptPrefixes(self.prefixes, self.cache) if self.prefixes is not None else None
-        # on the device (GPU): audio rows' decode steps and whole prompts' prefills over static shapes, or None
-        self.audio, self.prefill_step = self._static_steps()
-        self._in_flight: AudioPending | None = None  # the audio rows' step launched ahead, not yet read back
+        # on a GPU: audio rows' decode and whole prompts' prefill over static shapes (CUDA graphs); else None
+        self.on_device = self._on_device()
 
-    def _static_steps(self) -> tuple[AudioStep | None, PrefillStep | None]:
-        """The step of audio rows and the step of whole prompts on the device (None: the host step runs
-        them), their CUDA graphs captured now on a GPU (GraphCaptureError: the bucket that failed)."""
-        if not self.cfg.on_device_decode:
-            return None, None
-        graphs = self.cfg.cuda_graphs and self.device.type == "cuda"
-        sampling = SlotSampling(self.cfg.slots, self.cfg.max_seq_len, self.device, audio_head(self.model))
-        audio = AudioStep(self.model, self.cache, sampling, graphs=graphs)
-        prefill = PrefillStep(self.model, self.cache, sampling, self.cfg.max_prefill_tokens, graphs=graphs)
-        if graphs:
-            with torch.inference_mode():
-                prefill.prepare()
-                audio.prepare()
-        return audio, prefill
+    def _on_device(self) -> OnDevice | None:
+        return OnDevice(self.model, self.cache, self.cfg, self.device) if self.cfg.on_device_decode else None
 
     @classmethod
     def from_checkpoint(cls, model_dir, config: TorchEngineConfig) -> TorchEngine:
@@ -141,10 +126,8 @@ class TorchEngine:
         seq = self._sequence(request, generator)
         seq.seed = seed
         self.slots.admit(seq)
-        if self.audio is not None and seq.constrained and request.prompt_len and seq.audio_k == 0:
-            seq.on_device = True  # constrained from its first token: sampled on the device
-            with torch.inference_mode():
-                self.audio.sampling.admit(seq.slot, request.sampling)
+        if self.on_device is not None:
+            self.on_device.admit(seq)
         if self.kept is not None:
             self.kept.reuse(seq)
         self.prompt_tokens += request.prompt_len
@@ -211,15 +194,16 @@ class TorchEngine:
         except Exception:  # a fault stays with the request that caused it: find it
             log.exception("engine step failed; running its %d requests one at a time", len(decode) + len(prefill))
             deltas += self._isolate(decode, prefill)
-        self._launch_ahead()
+        if self.on_device is not None:
+            self.on_device.launch_ahead(self.slots.by_slot.values())
         return deltas
 
     def _run(self, decode: list[Sequence], prefill: list[tuple[Sequence, int]]) -> list[TokenDelta]:
         """build -> forward -> sample -> postprocess, the step's tokens read back from the device once.
 
-        Audio rows whose token was computed ahead (:meth:`_launch_ahead`) are delivered, the launched
+        Audio rows whose token was computed ahead (``OnDevice.launch_ahead``) are delivered, the launched
         step's outputs read back with the rest; whole prompts prefill by their own step on the device
-        (``self.prefill_step``), audio rows not computed ahead decode by theirs (``self.audio``), last:
+        (``on_device.prefill``), audio rows not computed ahead decode by theirs (``on_device.audio``), last:
         it moves their sampling state on the device, so nothing after it may fail. On failure every
         sequence is as it was before (positions, random generators), so the step can be run again: a
         forward that failed midway may have written K/V at these positions, and a retry writes the
@@ -228,12 +212,12 @@ class TorchEngine:
         saved = [(s.num_cached, s.generator.get_state()) for s in seqs]
         delivered = [s for s in decode if s.ahead]
         on_device = [s for s in decode if s.on_device and not s.ahead]
-        whole = [(s, n) for s, n in prefill if PrefillStep.takes(s, n)] if self.prefill_step is not None else []
-        whole = whole[: self.prefill_step.fits([s for s, _ in whole])] if whole else whole
+        steps = self.on_device
+        whole = steps.whole_prompts(prefill) if steps is not None else []
         host_decode = [s for s in decode if not s.on_device] if on_device or delivered else decode
         host_prefill = [p for p in prefill if p not in whole] if whole else prefill
         try:
-            flight = self._in_flight.detached() if self._in_flight is not None else None  # (before any replay)
+            flight = steps.flight() if steps is not None else None  # (before any replay)
             pending = []
             if host_decode or host_prefill:
                 batch, samplers = self._build(host_decode, host_prefill)
@@ -244,7 +228,7 @@ class TorchEngine:
             if whole:
                 prompts = [s for s, _ in whole]
                 with LEDGER.measure("model"):
-                    hidden, first = self.prefill_step(prompts)  # (N, H) each prompt's last; audio rows' tokens
+                    hidden, first = steps.prefill(prompts)  # (N, H) each prompt's last; audio rows' tokens
                 for s, n in whole:
                     s.num_cached += n
                 pending += [first] if first is not None else []
@@ -254,7 +238,7 @@ class TorchEngine:
                         pending.append(self.sampler.start([prompts[i] for i in rest], hidden[upload(rest, self.device)]))
             if on_device:
                 with LEDGER.measure("model"):
-                    pending.append(self.audio(on_device))
+                    pending.append(steps.audio(on_device))
                 for s in on_device:
                     s.num_cached += 1
             samplers = [s for p in pending for s in p.seqs]  # (in the order the parts finish)
@@ -265,10 +249,7 @@ class TorchEngine:
                 s.generator.set_state(rng)
             raise
         if flight is not None:  # the launched step's tokens, kept until their rows are asked for
-            self._in_flight = None
-            n = len(flight.seqs)
-            for s, *ahead in zip(flight.seqs, tokens[:n], logits[:n], logit_ids[:n], strict=True):
-                s.ahead_token = tuple(ahead)
+            n = steps.landed(flight, tokens, logits, logit_ids)
             tokens, logits, logit_ids = tokens[n:], logits[n:], logit_ids[n:]
         for s in delivered:
             (token, lg, ids), s.ahead_token, s.ahead = s.ahead_token, None, False
@@ -283,28 +264,6 @@ class TorchEngine:
                 self.kept.keep(s)
         return self._postprocess(samplers, tokens, logits, logit_ids)
 
-    def _launch_ahead(self) -> None:
-        """Start the next step of every audio row that has no token computed ahead, and do not wait for
-        it: the device computes it while the caller handles this step's tokens (its order and its
-        deltas decide nothing the step depends on: a row's next input is the token just delivered).
-        Its tokens are read back with the next step's. A launch that fails is logged; those rows then
-        decode in the next step as usual."""
-        if self.audio is None or self._in_flight is not None:
-            return
-        rows = [s for s in self.slots.by_slot.values()
-                if s.on_device and not s.ahead and not s.prefilling and not s.cancelled]
-        if not rows:
-            return
-        try:
-            with torch.inference_mode(), LEDGER.measure("model"):
-                self._in_flight = self.audio(rows)
-        except Exception:  # noqa: BLE001 - they decode in the next step, where a fault finds its request
-            log.exception("launching the next step of %d audio rows failed", len(rows))
-            return
-        for s in rows:
-            s.ahead = True
-            s.num_cached += 1
-
     def _start_sampling(self, seqs: list[Sequence], hidden: torch.Tensor) -> list:
         """The sampling of ``seqs`` (rows of ``hidden``) queued on the device, nothing read back: audio
         rows by their on-device sampler, the others by the host-decided one. Each part has ``seqs``,
@@ -315,7 +274,7 @@ class TorchEngine:
         if not audio:
             return [self.sampler.start(seqs, hidden)]
         rest = [i for i, s in enumerate(seqs) if not s.on_device]
-        parts = [self.audio.sample([seqs[i] for i in audio], hidden[upload(audio, self.device)])]
+        parts = [self.on_device.audio.sample([seqs[i] for i in audio], hidden[upload(audio, self.device)])]
         if rest:
             parts.append(self.sampler.start([seqs[i] for i in rest], hidden[upload(rest, self.device)]))
         return parts

@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from lyre.codec.qwen12hz import Decoder, DecoderConfig
 from lyre.codec.qwen12hz.encoder import mimi_encoder
 from lyre.family.qwen3tts.tokenizer import SPLIT_PATTERN, byte_level_bpe
-from lyre.model.demo import _CORPUS, MARKER, replaced_directory
+from lyre.model.demo import MARKER, replaced_directory
+from lyre.model.demo_tokenizer import CORPUS
 from lyre.model.qwen3tts import CODE_GROUPS, CODES
 from lyre.model.qwen3tts.speaker import SpeakerEncoder, SpeakerEncoderConfig
 
@@ -171,7 +172,7 @@ def demo_tokenizer() -> tuple[dict[str, int], list[tuple[str, str]]]:
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     trainer = trainers.BpeTrainer(vocab_size=1024, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    trainer_tok.train_from_iterator([*_CORPUS, *["assistant\nuser\n"] * 50], trainer)
+    trainer_tok.train_from_iterator([*CORPUS, *["assistant\nuser\n"] * 50], trainer)
     model = json.loads(trainer_tok.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]]
     return model["vocab"], merges
