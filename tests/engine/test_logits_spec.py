@@ -194,7 +194,7 @@ def test_the_on_device_sampler_meets_the_specification(monkeypatch):
     for i, (_, generated, p) in enumerate(all_cases):
         state.admit(i, p)
         for j, t in enumerate(generated):  # what sampling each token recorded
-            state._record(torch.tensor([i]), torch.tensor([True]), torch.tensor([j]),
+            state.record(torch.tensor([i]), torch.tensor([True]), torch.tensor([j]),
                           torch.tensor([t - orpheus.AUDIO_TOKEN_OFFSET]))
     generated = torch.tensor([len(g) for _, g, _ in all_cases])
     state.sample(TableModel(rows), torch.arange(n, dtype=torch.float32)[:, None], torch.arange(n),

@@ -43,9 +43,11 @@ def enroll(server, name: str, transcript: str | None) -> requests.Response:
 
 
 def same_audio(a: np.ndarray, b: np.ndarray) -> bool:
-    """The same frames decoded: equal length, nearly the same waveform (the codec's float arithmetic differs a
-    little with how its chunks were cut, which depends on timing; other frames are uncorrelated)."""
-    return len(a) == len(b) and float(np.corrcoef(a, b)[0, 1]) > 0.99
+    """The same frames decoded: equal length, the same waveform within 1% of its peak (the codec's float
+    arithmetic differs a little with how its chunks were cut, which depends on timing). Not a
+    correlation: the demo codec's waveform is much the same whatever its frames (other frames of one
+    text correlated at 0.9999), but differs by a fifth of its peak somewhere."""
+    return len(a) == len(b) and float(np.abs(a - b).max()) <= 0.01 * float(np.abs(a).max())
 
 
 def speak(server, voice: str, **extra) -> np.ndarray:

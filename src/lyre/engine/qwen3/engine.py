@@ -59,7 +59,7 @@ class QwenEngine(TorchEngine):
         self.talker = talker
         graphs = self.device.type == "cuda" and config.cuda_graphs if graphs is None else graphs
         # (the code predictor's 15-pass loop: one CUDA graph per batch bucket on a GPU, eager elsewhere)
-        self.sampler = FrameSampler(talker, config.slots, self.device, graphs=graphs)
+        self.sampler = FrameSampler(talker, config.slots, config.max_seq_len, self.device, graphs=graphs)
         static = graphs if static_decode is None else static_decode
         self.static = StaticDecode(talker.decoder, self.cache, graphs=graphs) if static else None
         with torch.inference_mode():
@@ -81,6 +81,10 @@ class QwenEngine(TorchEngine):
         device = torch.device(config.device)
         return cls(load_qwen3tts(cfg, weights, config.max_seq_len, config.dtype, device), config, static_decode,
                    graphs)
+
+    def _admitted(self, seq: FrameSequence) -> None:
+        with torch.inference_mode():
+            self.sampler.admit(seq)
 
     def _on_device(self) -> None:
         """None: a talker's rows are frames, stepped by :class:`StaticDecode` and the frame sampler."""

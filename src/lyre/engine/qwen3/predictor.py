@@ -3,9 +3,9 @@ sequence of tensor operations over static shapes, so that on a GPU the whole 15-
 CUDA graph per batch-size bucket (:class:`FrameLoop`), and the same code runs eagerly on a CPU.
 
 Sampling inside the loop decides nothing on the host: each row's temperature (0 = greedy), top-k
-(0 = the whole 2048 codes) and top-p are tensors, and its 15 uniform draws for the frame come from
-its own generator before the loop (one host call per row per frame, uploaded in one copy), so a
-row's codes never depend on the rows beside it. A pass ranks the 64 best codes (every code when a
+(0 = the whole 2048 codes) and top-p are tensors, and its 15 uniform draws for the frame are made
+on the host from its seed and frame count (counter-based, all rows at once, uploaded in one copy),
+so a row's codes never depend on the rows beside it. A pass ranks the 64 best codes (every code when a
 row's top-k is 0 or above 64: a graph per bucket and width), keeps a row's k best, its nucleus of
 those, and picks by inverse CDF.
 
@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lyre.engine.qwen3.model import PASSES, FrameKV, Talker
 from lyre.engine.torch.cuda_graphs import capture
-from lyre.engine.torch.row_sampling import sample_rows
+from lyre.engine.torch.row_sampling import draw_bits, sample_rows, uniform
 from lyre.engine.torch.static import bucket, buckets
 from lyre.engine.torch.transfer import upload
 from lyre.model.qwen3tts import CODES
@@ -42,12 +43,13 @@ class RowSampling:
     width: int | None = None
 
     @classmethod
-    def of(cls, params: list, generators: list[torch.Generator], device: torch.device) -> RowSampling:
-        """``params``: each row's CodeSampling; ``generators``: each row's own (15 draws each, used or not)."""
-        host = torch.cat([torch.tensor([[p.temperature, float(p.top_k), p.top_p] for p in params]),
-                          torch.stack([torch.rand(PASSES, generator=g) for g in generators])], dim=1)  # (B, 18)
-        packed = upload(host, device)
-        return cls(packed[:, 0], packed[:, 1].long(), packed[:, 2], packed[:, 3:],
+    def of(cls, params: list, seeds: list[int], frames: list[int], device: torch.device) -> RowSampling:
+        """``params``: each row's CodeSampling; ``seeds`` and ``frames`` (frames made so far): each row's
+        15 draws, one per pass (:func:`~lyre.engine.torch.row_sampling.draw_bits`, streams 1-15)."""
+        bits = np.stack([draw_bits(seeds, frames, stream) for stream in range(1, PASSES + 1)], axis=1)  # (B, 15)
+        floats = torch.tensor([[p.temperature, float(p.top_k), p.top_p] for p in params], dtype=torch.float32)
+        packed, draws = upload(floats, device), upload(torch.from_numpy(bits), device)
+        return cls(packed[:, 0], packed[:, 1].long(), packed[:, 2], uniform(draws),
                    shortlist([p.top_k for p in params], CODES))
 
 

@@ -1,27 +1,34 @@
-"""The sampling half of a Qwen3-TTS step: a whole frame per sampling row.
+"""The sampling half of a Qwen3-TTS step: a whole frame per sampling row, decided on the device and
+read back once.
 
 For every row that samples: codebook 0 from the talker's logits (the reference's order: repetition
 penalty over the row's codebook-0 history, no end of speech before ``min_tokens`` frames, every
 control id suppressed but end of speech, then temperature / top-k / top-p), then, batched across
-every row that did not stop, the code predictor's 15 dependent passes (codebooks 1-15), and the
-frame's summed embedding row (the codec track of the row's next decode step).
+every row (a row that drew end of speech too: its codes are dropped, and no row waits for another's
+draw to be read), the code predictor's 15 dependent passes (codebooks 1-15), and the frame's summed
+embedding row (the codec track of the row's next decode step). The whole frame is read back in one
+transfer.
 
-Each row draws from its own generator a fixed number of values per draw, whatever the batch holds,
-so a seeded request makes the same frames alone or beside any others.
+The penalty's history is kept on the device (:class:`~lyre.engine.torch.window_counts.WindowCounts`:
+counts of each codebook-0 id in the window), and every draw is counter-based
+(:func:`~lyre.engine.torch.row_sampling.draw_bits` of the request's seed and its frame count: stream 0
+for codebook 0, 1-15 for the passes), so a seeded request makes the same frames alone or beside any
+others, and a step run again after a fault draws the same.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from lyre.engine.qwen3.model import FrameKV, Talker
 from lyre.engine.qwen3.predictor import FrameLoop, RowSampling
 from lyre.engine.qwen3.request import FrameSequence
-from lyre.engine.torch.constrained import history_cols
-from lyre.engine.torch.sampling import SamplingBatch, apply_repetition_penalty, draw
+from lyre.engine.torch.row_sampling import draw_bits, sample_rows, uniform
 from lyre.engine.torch.transfer import to_host, upload
+from lyre.engine.torch.window_counts import WindowCounts
 from lyre.model.qwen3tts import CODES
 
 
@@ -32,7 +39,7 @@ class Frame:
 
 
 class FrameSampler:
-    def __init__(self, model: Talker, batch: int, device: torch.device, graphs: bool = False):
+    def __init__(self, model: Talker, batch: int, max_seq_len: int, device: torch.device, graphs: bool = False):
         self.model, self.device = model, device
         self.kv = FrameKV(model.cfg.code_predictor, batch, model.code_predictor.dtype, device)  # allocated once
         self.loop = FrameLoop(model, self.kv, graphs=graphs)  # one CUDA graph per batch bucket on a GPU
@@ -42,6 +49,12 @@ class FrameSampler:
         suppress[eos] = 0.0  # ...but end of speech
         self.suppress = suppress.to(device)  # (V,)
         self.eos = eos
+        self.window = WindowCounts(batch, vocab, max_seq_len, device)  # codebook 0's penalty window, per slot
+
+    def admit(self, seq: FrameSequence) -> None:
+        """A request into its slot: an empty penalty window of its size."""
+        self.window.window[seq.slot] = seq.params.repetition_window
+        self.window.counts[seq.slot].zero_()
 
     def sample(self, seqs: list[FrameSequence], hidden: torch.Tensor
                ) -> tuple[list[Frame | None], list[torch.Tensor | None], list[torch.Tensor | None]]:
@@ -49,35 +62,37 @@ class FrameSampler:
         codebook-0 logits (before the penalty and the masks) and their ids."""
         if not seqs:
             return [], [], []
+        assert len(seqs) <= self.kv.batch, f"{len(seqs)} frames in a step of at most {self.kv.batch}"
         logits = self.model.decoder.logits(hidden)  # (N, V) float32
         recorded = [logits[i].clone() if s.request.record_logits else None for i, s in enumerate(seqs)]
         ids = [torch.arange(logits.shape[1], device=self.device) if r is not None else None for r in recorded]
-        c0 = self._codebook0(seqs, logits)
-        go = [i for i, c in enumerate(c0) if c != self.eos]
-        frames: list[Frame | None] = [None] * len(seqs)
-        for start in range(0, len(go), self.kv.batch):  # (at most the buffer's rows per pass)
-            rows = go[start : start + self.kv.batch]
-            codes = self.predict([seqs[i] for i in rows], hidden[upload(rows, self.device)],
-                                 upload([c0[i] for i in rows], self.device))  # (B, 16)
-            frame_rows = self.model.frame_rows(codes)  # (B, H)
-            for j, (i, row_codes) in enumerate(zip(rows, to_host(codes), strict=True)):
-                frames[i] = Frame(row_codes, frame_rows[j])
+        rows = np.array([(s.slot, s.num_generated, s.params.top_k, s.params.min_tokens, s.seed) for s in seqs],
+                        dtype=np.int64).T  # (5, N)
+        ints = upload(torch.from_numpy(np.concatenate([rows[:4], draw_bits(rows[4], rows[1])[None]])), self.device)
+        slots, made, top_k, min_frames, draws = ints
+        floats = upload(torch.tensor([(s.params.temperature, s.params.top_p, s.params.repetition_penalty)
+                                      for s in seqs], dtype=torch.float32), self.device)
+        c0 = self._codebook0(logits, slots, made, min_frames, floats, top_k, draws)  # (N,)
+        codes = self.predict(seqs, hidden, c0)  # (N, 16)
+        frame_rows = self.model.frame_rows(codes)  # (N, H)
+        # (recorded last: a step that failed before here and runs again records its codes once)
+        self.window.record(slots, torch.ones_like(c0, dtype=torch.bool), made, c0)
+        frames = [None if row[0] == self.eos else Frame(row, frame_rows[i]) for i, row in enumerate(to_host(codes))]
         return frames, recorded, ids
 
-    def _codebook0(self, seqs: list[FrameSequence], logits: torch.Tensor) -> list[int]:
-        penalty = upload([s.params.repetition_penalty for s in seqs], self.device, torch.float32)
-        logits = apply_repetition_penalty(logits, history_cols(seqs, [0] * len(seqs), False, self.device), penalty)
-        early = [j for j, s in enumerate(seqs) if s.num_generated < s.params.min_tokens]
-        if early:  # min_tokens: no end of speech yet
-            logits[upload(early, self.device), self.eos] = float("-inf")
-        logits += self.suppress
-        params = SamplingBatch([s.params.temperature for s in seqs], [s.params.top_k for s in seqs],
-                               [s.params.top_p for s in seqs], [s.generator for s in seqs])
-        d = draw(logits, params)
-        return d.finish(to_host(d.cols))
+    def _codebook0(self, logits: torch.Tensor, slots: torch.Tensor, made: torch.Tensor, min_frames: torch.Tensor,
+                   floats: torch.Tensor, top_k: torch.Tensor, draws: torch.Tensor) -> torch.Tensor:
+        """(N,) codebook 0 of each row, on the device: the penalty over its window, no end of speech
+        before ``min_tokens`` frames, control ids suppressed, then its draw."""
+        temperature, top_p, penalty = floats.T
+        p = penalty[:, None]
+        logits = torch.where(self.window.seen(slots), torch.where(logits > 0, logits / p, logits * p), logits)
+        logits[:, self.eos].masked_fill_(made < min_frames, float("-inf"))  # min_tokens: no end of speech yet
+        return sample_rows(logits + self.suppress, temperature, top_k, top_p, uniform(draws))
 
     def predict(self, seqs: list[FrameSequence], hidden: torch.Tensor, c0: torch.Tensor) -> torch.Tensor:
         """Codebooks 1-15 for each row: (B, 16) codes (:mod:`lyre.engine.qwen3.predictor`). ``hidden``
         (B, H): the talker's last normed hidden state; ``c0`` (B,): codebook 0."""
-        rows = RowSampling.of([s.request.code_sampling for s in seqs], [s.generator for s in seqs], self.device)
+        rows = RowSampling.of([s.request.code_sampling for s in seqs], [s.seed for s in seqs],
+                              [s.num_generated for s in seqs], self.device)
         return self.loop(hidden, c0, rows)

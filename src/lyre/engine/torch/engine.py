@@ -126,13 +126,17 @@ class TorchEngine:
         seq = self._sequence(request, generator)
         seq.seed = seed
         self.slots.admit(seq)
-        if self.on_device is not None:
-            self.on_device.admit(seq)
+        self._admitted(seq)
         if self.kept is not None:
             self.kept.reuse(seq)
         self.prompt_tokens += request.prompt_len
         self.total_requests += 1
         return True
+
+    def _admitted(self, seq: Sequence) -> None:
+        """``seq`` holds its slot now: what of it lives on the device is written there."""
+        if self.on_device is not None:
+            self.on_device.admit(seq)
 
     def _check(self, request: GenerationRequest) -> None:
         """ValueError naming what makes ``request``'s prompt unrunnable."""

@@ -24,6 +24,7 @@ from lyre.engine.torch.constrained import BAND
 from lyre.engine.torch.llama import Llama
 from lyre.engine.torch.row_sampling import sample_rows, uniform
 from lyre.engine.torch.transfer import upload
+from lyre.engine.torch.window_counts import WindowCounts
 from lyre.model import orpheus
 
 AUDIO_BINS = orpheus.FRAME_TOKENS * BAND  # bins 0..28671: the audio ids, in order
@@ -34,21 +35,19 @@ BINS = AUDIO_BINS + 1
 HEAD_COLS = -(-BINS // 8) * 8  # the audio head's columns: the bins, then zeros to a multiple of 8 (aligned rows)
 
 
-class SlotSampling:
-    """Per-slot sampling state of audio rows, on the device, allocated once."""
+class SlotSampling(WindowCounts):
+    """Per-slot sampling state of audio rows, on the device, allocated once: the window's counts of the
+    audio bins and each slot's sampling parameters."""
 
     def __init__(self, slots: int, max_seq_len: int, device: torch.device, head: torch.Tensor | None = None):
-        """``head``: :func:`audio_head` of the model (None: the sampler reads the model's ``lm_head``). One
-        row more than ``slots``: :attr:`scratch`, which rows that do not sample may name."""
+        """``head``: :func:`audio_head` of the model (None: the sampler reads the model's ``lm_head``)."""
+        super().__init__(slots, BINS, max_seq_len, device)
+
         def zeros(dtype: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(slots + 1, dtype=dtype, device=device)
 
-        self.scratch = slots
-
         self.temperature, self.top_p, self.penalty = zeros(torch.float32), zeros(torch.float32), zeros(torch.float32)
-        self.top_k, self.window, self.min_tokens = zeros(), zeros(), zeros()
-        self.history = torch.zeros(slots + 1, max_seq_len, dtype=torch.long, device=device)  # bin of each token made
-        self.counts = torch.zeros(slots + 1, BINS, dtype=torch.int32, device=device)  # of each bin in the window
+        self.top_k, self.min_tokens = zeros(), zeros()
         self.device, self.head = device, head
 
     def admit(self, slot: int, params: SamplingParams) -> None:
@@ -81,36 +80,16 @@ class SlotSampling:
         raw = torch.cat([codes.squeeze(1).float(), eos[:, None]], dim=1)  # (R, 4097)
         bins = torch.cat([frame[:, None] * BAND + torch.arange(BAND, device=hidden.device)[None, :],
                           torch.full((r, 1), EOS_BIN, dtype=torch.long, device=hidden.device)], dim=1)  # (R, 4097)
-        seen = self._rows(self.counts, slots).gather(1, bins) > 0  # (R, 4097): in the row's window
-        p = self._rows(self.penalty, slots)[:, None]
+        seen = self.seen(slots, bins)  # (R, 4097): in the row's window
+        p = self.rows(self.penalty, slots)[:, None]
         logits = torch.where(seen, torch.where(raw > 0, raw / p, raw * p), raw)
-        early = generated < self._rows(self.min_tokens, slots)
+        early = generated < self.rows(self.min_tokens, slots)
         logits[:, BAND].masked_fill_(early, float("-inf"))  # min_tokens: no end of speech yet
-        cols = sample_rows(logits, self._rows(self.temperature, slots), self._rows(self.top_k, slots),
-                           self._rows(self.top_p, slots), uniform(draws))  # (R,)
+        cols = sample_rows(logits, self.rows(self.temperature, slots), self.rows(self.top_k, slots),
+                           self.rows(self.top_p, slots), uniform(draws))  # (R,)
         eos_drawn = cols == BAND
-        self._record(slots, valid, generated, torch.where(eos_drawn, EOS_BIN, frame * BAND + cols))
+        self.record(slots, valid, generated, torch.where(eos_drawn, EOS_BIN, frame * BAND + cols))
         return torch.where(eos_drawn, orpheus.END_OF_SPEECH, orpheus.AUDIO_TOKEN_OFFSET + frame * BAND + cols), raw
-
-    @staticmethod
-    def _rows(t: torch.Tensor, slots: torch.Tensor | int) -> torch.Tensor:
-        """``t``'s rows of ``slots``: the first R as a view for an int R, else gathered."""
-        return t[:slots] if isinstance(slots, int) else t[slots]
-
-    def _record(self, slots: torch.Tensor | int, valid: torch.Tensor, generated: torch.Tensor, new: torch.Tensor
-                ) -> None:
-        """Token number ``generated`` of each valid row is bin ``new``: into its history and its window's
-        counts, and the token ``window`` places back out of them."""
-        index = torch.arange(slots, device=new.device) if isinstance(slots, int) else slots
-        flat = self.counts.view(-1)
-        base = index * BINS
-        flat.scatter_add_(0, base + new, valid.int())
-        window = self._rows(self.window, slots)
-        old = generated - window
-        leaves = valid & (window > 0) & (old >= 0)
-        flat.scatter_add_(0, base + self.history[index, old.clamp(min=0)], -leaves.int())
-        at = (index, generated.clamp(max=self.history.shape[1] - 1))
-        self.history[at] = torch.where(valid, new, self.history[at])
 
 
 def audio_head(model: Llama) -> torch.Tensor:
