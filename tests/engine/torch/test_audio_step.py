@@ -83,6 +83,30 @@ def test_whole_prompts_prefill_on_the_device_beside_chunked_ones(demo_dir):
         assert torch.allclose(device[rid][0].logits, host[rid][0].logits, atol=1e-4), rid
 
 
+def test_a_prefix_that_cannot_be_kept_changes_no_ones_tokens(demo_dir, monkeypatch, caplog):
+    """A cloned voice's prefix whose copy fails (the device out of memory) is not kept, and said so; it
+    fails nobody: the requests decoding ahead beside it, and it, make the tokens they make without the
+    fault (a failure after the launched step's tokens were handed out once made them decode again)."""
+    def run(fault: bool) -> dict[str, list[int]]:
+        engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, static_decode=True,
+                             prefix_cache_bytes=1 << 24)
+        if fault:
+            def put(*args, **kwargs):
+                raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+            monkeypatch.setattr(engine.prefixes, "put", put)
+        arrivals = {0: [GenerationRequest(r, prompt(i), SamplingParams(max_tokens=30, seed=10 + i))
+                        for i, r in enumerate("ab")],
+                    5: [GenerationRequest("c", prompt(2), SamplingParams(max_tokens=10, seed=7),
+                                          prefix_key="v_x:1", prefix_len=4)]}
+        out = drive(engine, arrivals)
+        assert all(d.finish_reason == "length" for d in (out[r][-1] for r in "abc"))
+        assert engine.kept_prefixes() == ([] if fault else ["v_x:1"])
+        return {r: tokens_of(out[r]) for r in "abc"}
+
+    assert run(fault=True) == run(fault=False)
+    assert "prefix v_x:1 not kept: OutOfMemoryError" in caplog.text
+
+
 def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_busy_batch(demo_dir):
     """Each row draws from its own seed and position: alone, or joining a batch of other sessions in
     another slot, it makes the same tokens; another seed makes others."""

@@ -240,13 +240,18 @@ class TorchEngine:
                 if rest:
                     with LEDGER.measure("sampling"):
                         pending.append(self.sampler.start([prompts[i] for i in rest], hidden[upload(rest, self.device)]))
-            if on_device:
+            if on_device:  # (only after a launch ahead failed; a retry of this step counts its tokens twice in the
+                # penalty's window: the step is last so that nothing but the read-back can fail after it)
                 with LEDGER.measure("model"):
                     pending.append(steps.audio(on_device))
                 for s in on_device:
                     s.num_cached += 1
+            if self.kept is not None:
+                for s, _ in prefill:
+                    self.kept.keep(s)
             samplers = [s for p in pending for s in p.seqs]  # (in the order the parts finish)
             tokens, logits, logit_ids = read_back(([flight] if flight else []) + pending)
+            # (nothing below may fail: the launched step's tokens and the rows' positions have moved on)
         except Exception:
             for s, (cached, rng) in zip(seqs, saved, strict=True):
                 s.num_cached = cached
@@ -262,10 +267,7 @@ class TorchEngine:
             logits.append(lg)
             logit_ids.append(ids)
         self.total_steps += 1
-        for s, n in prefill:
-            self.prefilled_tokens += n
-            if self.kept is not None:
-                self.kept.keep(s)
+        self.prefilled_tokens += sum(n for _, n in prefill)
         return self._postprocess(samplers, tokens, logits, logit_ids)
 
     def _start_sampling(self, seqs: list[Sequence], hidden: torch.Tensor) -> list:

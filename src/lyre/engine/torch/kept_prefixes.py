@@ -5,9 +5,13 @@ request's prefill has passed a prefix not kept yet, a copy of its K/V is kept
 
 from __future__ import annotations
 
+import logging
+
 from lyre.engine.torch.llama import KVCache
 from lyre.engine.torch.prefix_cache import PrefixCache
 from lyre.engine.torch.sequence import Sequence
+
+log = logging.getLogger("lyre.engine")
 
 
 class KeptPrefixes:
@@ -41,7 +45,10 @@ class KeptPrefixes:
             return  # admitted before its voice was deleted: it finishes, its prefix is not kept
         ids = r.prefix_ids
         if not self.prefixes.holds(r.prefix_key, ids):  # (a stale entry under this key is replaced)
-            self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
+            try:
+                self.prefixes.put(r.prefix_key, ids, *self.cache.prefix(seq.slot, r.prefix_len))
+            except Exception as e:  # noqa: BLE001 - (out of memory for the copy): a kept prefix only saves work
+                log.warning("prefix %s not kept: %s: %s", r.prefix_key, type(e).__name__, e)
 
     def keys(self) -> list[str]:
         return self.prefixes.keys()

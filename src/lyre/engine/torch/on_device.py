@@ -70,7 +70,8 @@ class OnDevice:
         in the next step as usual."""
         if self.in_flight is not None:
             return
-        rows = [s for s in live if s.on_device and not s.ahead and not s.prefilling and not s.cancelled]
+        rows = [s for s in live
+                if s.on_device and not s.ahead and not s.prefilling and not s.cancelled and s.num_generated > 0]
         if not rows:
             return
         try:

@@ -133,6 +133,7 @@ class PrefillStep:
         host[PROMPT] = -1
         host[4:] = 0
         host[4 + P_SLOT] = self.sampling.scratch
+        host[4 + P_DRAW, : len(seqs)] = draw_bits([s.seed for s in seqs], [0] * len(seqs))  # (first tokens)
         at = 0
         for i, s in enumerate(seqs):
             n = s.prompt_len
@@ -141,7 +142,6 @@ class PrefillStep:
             host[SLOT, at : at + n], host[PROMPT, at : at + n] = s.slot, i
             at += n
             host[4 + P_SAMPLED, i], host[4 + P_SLOT, i], host[4 + P_LAST, i] = s.on_device, s.slot, at - 1
-            host[4 + P_DRAW, i] = draw_bits([s.seed], [0])[0]
         self.inputs.copy_(self.host, non_blocking=True)
         if self.inputs.is_cuda:
             self._copied = torch.cuda.Event()
