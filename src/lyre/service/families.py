@@ -14,15 +14,18 @@ from typing import Any
 
 import torch
 
-from lyre.codec.qwen12hz import load_decoder
+from lyre.codec.qwen12hz import Decoder, load_decoder
+from lyre.codec.qwen12hz.load import read_config as read_decoder_config
 from lyre.codec.qwen12hz.runtime import TwelveHzCodec
 from lyre.config import LyreConfig
 from lyre.engine.backend import BackendChoice
 from lyre.engine.qwen3.engine import QwenEngine
+from lyre.engine.qwen3.model import load_qwen3tts
 from lyre.engine.torch.engine import TorchEngineConfig
 from lyre.errors import LyreError
 from lyre.family import ORPHEUS, Family
 from lyre.family.qwen3tts import QwenFamily
+from lyre.family.qwen3tts import demo as qwen_demo
 from lyre.family.qwen3tts.family import family_config
 from lyre.family.qwen3tts.tokenizer import load_text_tokenizer
 from lyre.model import checkpoint
@@ -66,7 +69,17 @@ def qwen_engine(cfg: LyreConfig, model: checkpoint.ResolvedModel, threads: int) 
     else:  # (process-wide: torch has one intra-op thread pool)
         torch.set_num_threads(threads)
     try:
-        engine = QwenEngine.from_checkpoint(model.llama_dir, engine_cfg)
+        random = qwen_demo.random_marker(model.llama_dir)
+        if random is None:
+            engine = QwenEngine.from_checkpoint(model.llama_dir, engine_cfg)
+        else:  # a shape checkpoint: its seeded random weights made on the engine's device
+            device = torch.device(engine_cfg.device)
+            weights = qwen_demo.random_weights(random["seed"], random["shape"], random["variant"], device,
+                                               engine_cfg.dtype)
+            talker = load_qwen3tts(read_qwen3tts_config(model.llama_dir), weights, engine_cfg.max_seq_len,
+                                   engine_cfg.dtype, device)
+            del weights
+            engine = QwenEngine(talker, engine_cfg)
     except ValueError as e:
         raise LyreError(str(e)) from None
     return engine, engine_cfg.device, f"torch Qwen3-TTS on {engine_cfg.device} ({engine_cfg.dtype})"
@@ -94,10 +107,20 @@ def qwen_codec(cfg: LyreConfig, model: checkpoint.ResolvedModel, device: str, sh
     """The 12 Hz codec on ``device`` (the decoder shared, loaded once per ``shared``), warmed up."""
     dtype = torch.float16 if (cfg.codec.fp16 and device == "cuda") else torch.float32
     decoder = shared.get(("12hz decoder", model.snac_dir, device, dtype),
-                         lambda: load_decoder(model.snac_dir, device, dtype).requires_grad_(False))
+                         lambda: _decoder(model.snac_dir, device, dtype).requires_grad_(False))
     codec = TwelveHzCodec(decoder)
     shared.get(("12hz warm", model.snac_dir, device, dtype), lambda: _warm_up(decoder))
     return codec
+
+
+def _decoder(tokenizer_dir: Any, device: str, dtype: torch.dtype) -> Any:
+    """The 12 Hz decoder of ``tokenizer_dir``: its weights, or a shape checkpoint's seeded random ones."""
+    random = qwen_demo.random_marker(tokenizer_dir)
+    if random is None:
+        return load_decoder(tokenizer_dir, device, dtype)
+    decoder = Decoder(read_decoder_config(tokenizer_dir)).to(device)
+    decoder.load_state_dict(qwen_demo.random_decoder_weights(decoder, random["seed"]))
+    return decoder.to(dtype=dtype).eval()
 
 
 def _warm_up(decoder: Any) -> None:

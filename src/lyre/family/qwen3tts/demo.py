@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from lyre.codec.qwen12hz import Decoder, DecoderConfig
 from lyre.codec.qwen12hz.encoder import mimi_encoder
 from lyre.family.qwen3tts.tokenizer import SPLIT_PATTERN, byte_level_bpe
-from lyre.model.demo import MARKER, replaced_directory
+from lyre.model.demo import MARKER, RANDOM_WEIGHTS, replaced_directory
 from lyre.model.demo_tokenizer import CORPUS
 from lyre.model.qwen3tts import CODE_GROUPS, CODES
 from lyre.model.qwen3tts.speaker import SpeakerEncoder, SpeakerEncoderConfig
@@ -49,10 +49,22 @@ SHAPES = {
                    num_key_value_heads=4, head_dim=64),
               dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=5, num_attention_heads=8,
                    num_key_value_heads=4, head_dim=64), 64),
+    # Qwen3-TTS-1.7B's (research/qwen3-tts.md section 1): for shape checkpoints (write_shape_checkpoint), whose
+    # weights are made where they are loaded (written to disk it takes 7.7 GB)
+    "1.7b": (dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128),
+             dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=5, num_attention_heads=16,
+                  num_key_value_heads=8, head_dim=128), 2048),
 }
 DECODER = dict(codebook_size=CODES, codebook_dim=32, latent_dim=32, hidden_size=32, intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=4, head_dim=16, num_hidden_layers=2, sliding_window=72,
                num_quantizers=CODE_GROUPS, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3], decoder_dim=64)
+# the released 12 Hz tokenizer's decoder (research/qwen3-tts.md section 6: 114M parameters): the 1.7b shape's
+REAL_DECODER = dict(codebook_size=CODES, codebook_dim=512, latent_dim=1024, hidden_size=512, intermediate_size=1024,
+                    num_attention_heads=16, num_key_value_heads=16, head_dim=64, num_hidden_layers=8, sliding_window=72,
+                    num_quantizers=CODE_GROUPS, upsampling_ratios=[2, 2], upsample_rates=[8, 5, 4, 3],
+                    decoder_dim=1536)
+DECODERS = {"tiny": DECODER, "small": DECODER, "1.7b": REAL_DECODER}
 GENERATION = {"do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
               "subtalker_dosample": True, "subtalker_top_k": 50, "subtalker_top_p": 1.0,
               "subtalker_temperature": 0.9, "max_new_tokens": 8192}
@@ -147,18 +159,59 @@ def weight_shapes(shape: str = "tiny", variant: str = "custom_voice") -> dict[st
     return shapes
 
 
-def random_weights(seed: int, shape: str = "tiny", variant: str = "custom_voice") -> dict[str, torch.Tensor]:
-    """Seeded random weights: norms at one, biases at zero, the rest N(0, 0.02) as the reference initialises."""
-    g = torch.Generator().manual_seed(seed)
+def random_weights(seed: int, shape: str = "tiny", variant: str = "custom_voice", device: str | torch.device = "cpu",
+                   dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Seeded random weights: norms at one, biases at zero, the rest N(0, 0.02) as the reference initialises;
+    made on ``device`` (a shape checkpoint's on the GPU that loads it)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     out = {}
     for name, size in sorted(weight_shapes(shape, variant).items()):
         if name.endswith("norm.weight"):
-            out[name] = torch.ones(size)
+            out[name] = torch.ones(size, device=device, dtype=dtype)
         elif name.endswith(".bias"):
-            out[name] = torch.zeros(size)
+            out[name] = torch.zeros(size, device=device, dtype=dtype)
         else:
-            out[name] = torch.randn(size, generator=g) * 0.02
+            out[name] = (torch.randn(size, generator=g, device=device) * 0.02).to(dtype)
     return out
+
+
+def random_decoder_weights(decoder: Any, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded random weights for the 12 Hz decoder ``decoder`` (on its device), small enough in its
+    convolutions that the audio is not clamped (named as its state dict)."""
+    device = next(decoder.parameters()).device
+    g = torch.Generator(device=device).manual_seed(seed + 1)
+    out = {}
+    for name, p in decoder.state_dict().items():
+        value = torch.randn(p.shape, generator=g, device=device) * (0.3 if name.startswith("pre_transformer") else 0.05)
+        out[name] = (value.abs() + 0.5 if name.endswith("cluster_usage") else value).to(p.dtype)
+    return out
+
+
+def write_shape_checkpoint(out_dir: Path, shape: str = "1.7b", variant: str = "custom_voice", seed: int = 0) -> Path:
+    """A demo checkpoint in ``shape`` without weights: its config, tokenizer and speech tokenizer config,
+    and ``random-weights.json`` in it and in ``speech_tokenizer/``, so that loading it makes seeded
+    random weights on the loading device (nothing large on disk; NOISE, and its marker says demo)."""
+    config = demo_config(shape, variant)
+    with replaced_directory(out_dir) as tmp:
+        _json(tmp / "config.json", config)
+        _json(tmp / "generation_config.json", GENERATION)
+        _json(tmp / RANDOM_WEIGHTS, {"seed": seed, "shape": shape, "variant": variant})
+        _write_tokenizer(tmp)
+        (tmp / "speech_tokenizer").mkdir()
+        _json(tmp / "speech_tokenizer" / "config.json", _speech_config(DECODERS[shape]))
+        _json(tmp / "speech_tokenizer" / RANDOM_WEIGHTS, {"seed": seed})
+        (tmp / "README.md").write_text(_README)
+        _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts", "shape": shape,
+                             "variant": variant, "weights": "random, made where loaded"})
+    return Path(out_dir)
+
+
+def random_marker(directory: Path) -> dict[str, Any] | None:
+    """A shape checkpoint's ``random-weights.json`` in ``directory`` (None: real weights there)."""
+    try:
+        return json.loads((Path(directory) / RANDOM_WEIGHTS).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def demo_tokenizer() -> tuple[dict[str, int], list[tuple[str, str]]]:
@@ -186,14 +239,7 @@ def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny", variant: str =
         _json(tmp / "config.json", config)
         _json(tmp / "generation_config.json", GENERATION)
         save_file(random_weights(seed, shape, variant), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        vocab, merges = demo_tokenizer()
-        vocab = dict(vocab) | {text: i for i, text in SPECIAL_TOKENS.items()}
-        byte_level_bpe(vocab, merges, SPECIAL_TOKENS)  # (it builds: the files say what they should)
-        _json(tmp / "vocab.json", vocab)
-        (tmp / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
-        _json(tmp / "tokenizer_config.json", {
-            "added_tokens_decoder": {str(i): {"content": t, "special": True} for i, t in SPECIAL_TOKENS.items()},
-            "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768})
+        _write_tokenizer(tmp)
         write_speech_tokenizer(tmp / "speech_tokenizer", seed, encoder=variant == "base")
         (tmp / "README.md").write_text(_README)
         _json(tmp / MARKER, {"format": DEMO_FORMAT, "seed": seed, "family": "qwen3-tts", "shape": shape,
@@ -201,20 +247,36 @@ def write_demo(out_dir: Path, seed: int = 0, shape: str = "tiny", variant: str =
     return Path(out_dir)
 
 
+def _write_tokenizer(out_dir: Path) -> None:
+    """vocab.json, merges.txt and tokenizer_config.json of the demo's text tokenizer."""
+    vocab, merges = demo_tokenizer()
+    vocab = dict(vocab) | {text: i for i, text in SPECIAL_TOKENS.items()}
+    byte_level_bpe(vocab, merges, SPECIAL_TOKENS)  # (it builds: the files say what they should)
+    _json(out_dir / "vocab.json", vocab)
+    (out_dir / "merges.txt").write_text("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+    _json(out_dir / "tokenizer_config.json", {
+        "added_tokens_decoder": {str(i): {"content": t, "special": True} for i, t in SPECIAL_TOKENS.items()},
+        "tokenizer_class": "Qwen2Tokenizer", "model_max_length": 32768})
+
+
+def _speech_config(decoder: dict[str, Any]) -> dict[str, Any]:
+    return {"model_type": "qwen3_tts_tokenizer_12hz", "decoder_config": decoder, "decode_upsample_rate": 1920,
+            "output_sample_rate": 24000}
+
+
 def write_speech_tokenizer(out_dir: Path, seed: int, encoder: bool = False) -> Path:
     """``speech_tokenizer/``: the 12 Hz tokenizer's config and its decoder's weights (seeded random,
     the convolutions' small enough that the audio is not clamped); with ``encoder`` (Base), its
     encoder's too (random codebooks: Mimi's start at zero, which would make every code 0)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    config = {"model_type": "qwen3_tts_tokenizer_12hz", "decoder_config": DECODER, "decode_upsample_rate": 1920,
-              "output_sample_rate": 24000}
+    config = _speech_config(DECODER)
     decoder = Decoder(DecoderConfig.from_dict(DECODER))
     g = torch.Generator().manual_seed(seed + 1)
     weights = {}
     for name, p in decoder.state_dict().items():
         value = torch.randn(p.shape, generator=g) * (0.3 if name.startswith("pre_transformer") else 0.05)
         weights["decoder." + name] = value.abs() + 0.5 if name.endswith("cluster_usage") else value
-    if encoder:
+    if encoder:  # (its values drawn after the decoder's, from the same generator)
         config |= {"encoder_config": MIMI, "encoder_valid_num_quantizers": CODE_GROUPS,
                    "encode_downsample_rate": 1920, "input_sample_rate": 24000}
         for name, t in mimi_encoder(MIMI).state_dict().items():
