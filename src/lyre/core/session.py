@@ -188,3 +188,13 @@ class Session:
     def last_progress(self) -> float:
         """When it last made progress: created, a token generated, or audio read by its client."""
         return max(t for t in (self.created, self.last_token_at, self.last_read_at) if t is not None)
+
+    def slow_consumer(self, now: float, limit: float) -> bool:
+        """Its client is more than ``limit`` seconds behind its listener's clock, or, while behind it,
+        has read nothing for that long since audio was there to read (a client that read ahead may
+        pause; one whose server was slow to produce its next chunk is not slow itself)."""
+        if self.clock_at is None or self.unread_seconds <= 0:  # (not being listened to yet: a piece ahead)
+            return False
+        behind = self.behind_s()
+        idle = now - max(self.last_read_at, self.unread_since or self.last_read_at)
+        return behind > limit or (behind > 0 and idle > limit)
