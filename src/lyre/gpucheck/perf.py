@@ -21,6 +21,7 @@ import datetime
 import gc
 import json
 import platform
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,8 @@ class Plan:
     dtype: str = "float16"
     levels: tuple[int, ...] = (1, 16, 64, 128, 256)  # engine against reference
     engine_tokens: int = 128
-    max_seq_len: int = 1024  # 256 slots x 1024 tokens of Orpheus-3B's K/V: 28 GiB (an H100 holds it)
+    max_seq_len: int = 512  # the longest prompt (~40) and stream: ~380 positions; 256 slots of 3B K/V: 14 GiB
+    prefill_tokens: int = 2048  # a step's prompt tokens (scheduler.max_prefill_tokens): 64 prompts a step
     stream_levels: tuple[int, ...] = (64, 128, 192, 256)  # started together
     stream_tokens: int = 343  # 49 frames: 4.2 s of audio each
     poisson_rate: float = 40.0  # arrivals a second: ~170 open at once at 4.2 s a stream
@@ -56,6 +58,7 @@ class Plan:
     cuda_graphs: bool = True
     qwen_shape: str = "1.7b"  # Qwen3-TTS-1.7B's shape (random weights made on the GPU), bfloat16
     qwen_frames: int = 52  # 4.2 s of audio a stream
+    qwen_max_seq_len: int = 256  # prompt rows (~40) and frames
 
     @classmethod
     def for_device(cls, device: str) -> Plan:
@@ -63,8 +66,8 @@ class Plan:
             return cls()
         # a CPU (the test suite): the same code on the tiny demo, briefly
         return cls(shape="tiny", dtype="float32", levels=(1, 2), engine_tokens=14, max_seq_len=256,
-                   stream_levels=(1, 2), stream_tokens=14, poisson_rate=4.0, poisson_seconds=0.5, qwen_shape="tiny",
-                   qwen_frames=6)
+                   prefill_tokens=512, stream_levels=(1, 2), stream_tokens=14, poisson_rate=4.0, poisson_seconds=0.5,
+                   qwen_shape="tiny", qwen_frames=6, qwen_max_seq_len=128)
 
 
 @dataclass
@@ -111,6 +114,7 @@ def perf_config(ctx: Context, plan: Plan, llama_dir: Path, sessions: int) -> Lyr
         "model.path": str(llama_dir), "codec.path": str(snac), "model.backend": "torch",
         "model.device": ctx.kit.device, "codec.device": ctx.kit.device, "model.dtype": plan.dtype,
         "kv_cache.dtype": plan.dtype, "kv_cache.max_seq_len": plan.max_seq_len,
+        "scheduler.max_prefill_tokens": plan.prefill_tokens,
         "engine.cuda_graphs": plan.cuda_graphs, "scheduler.max_concurrent_sessions": sessions,
         "scheduler.max_batch_size": sessions, "scheduler.max_pending": 4 * sessions,
         "sampling.max_tokens": plan.stream_tokens, "sampling.min_tokens": plan.stream_tokens,
@@ -119,22 +123,37 @@ def perf_config(ctx: Context, plan: Plan, llama_dir: Path, sessions: int) -> Lyr
 
 def stage_perf(ctx: Context) -> tuple[str, list[str], dict[str, Any]]:
     plan = Plan.for_device(ctx.kit.device)
-    llama_dir = demo.write_shape_checkpoint(ctx.work / f"shape-{plan.shape}", plan.shape)
     result = PerfResult(asdict(plan), machine(ctx))
+
+    def saved(phase: str) -> None:  # (every phase's figures kept as soon as measured: a later crash loses none)
+        result.goals = goals(result)
+        (ctx.out / "perf.json").write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
+        _say(f"perf: {phase} measured ({ctx.out / 'perf.json'})")
+
+    llama_dir = demo.write_shape_checkpoint(ctx.work / f"shape-{plan.shape}", plan.shape)
     cfg = perf_config(ctx, plan, llama_dir, max(plan.levels))
-    result.engine = engine_bench.run(cfg, llama_dir, list(plan.levels), plan.engine_tokens, 0,
-                                     progress=lambda m: None, baseline="reference")
+    result.engine = engine_bench.run(cfg, llama_dir, list(plan.levels), plan.engine_tokens, 0, progress=_say,
+                                     baseline="reference")
     _free()
+    saved("the engine against the reference step")
+    _say(f"perf: Orpheus-{plan.shape} streams through the service ...")
     result.streams, result.poisson = asyncio.run(_streams(perf_config(ctx, plan, llama_dir, max(plan.stream_levels)),
                                                           plan, plan.stream_tokens))
     _free()
-    qwen_dir = qwen_demo.write_shape_checkpoint(ctx.work / f"qwen-{plan.qwen_shape}", plan.qwen_shape)
-    streams, poisson = asyncio.run(_streams(qwen_config(ctx, plan, qwen_dir, max(plan.stream_levels)), plan,
-                                            plan.qwen_frames))
-    result.qwen = {"streams": streams, "poisson": poisson}
-    _free()
-    result.goals = goals(result)
-    (ctx.out / "perf.json").write_text(json.dumps(asdict(result), indent=2, default=str) + "\n")
+    saved("Orpheus streams")
+    _say(f"perf: Qwen3-TTS-{plan.qwen_shape} streams through the service ...")
+    try:
+        qwen_dir = qwen_demo.write_shape_checkpoint(ctx.work / f"qwen-{plan.qwen_shape}", plan.qwen_shape)
+        streams, poisson = asyncio.run(_streams(qwen_config(ctx, plan, qwen_dir, max(plan.stream_levels)), plan,
+                                                plan.qwen_frames))
+        result.qwen = {"streams": streams, "poisson": poisson}
+    except Exception as e:
+        result.qwen = {"error": f"{type(e).__name__}: {e}"}
+        saved("Orpheus only (Qwen3-TTS failed)")
+        raise
+    finally:
+        _free()
+    saved("Qwen3-TTS streams")
     met = sum(g.met for g in result.goals)
     summary = (f"{met} of {len(result.goals)} goals met; real-time streams held: Orpheus-{plan.shape} "
                f"{held(result.streams, TTFB_P95_MS)} (TTFB p95 <= {TTFB_P95_MS:.0f} ms), Qwen3-TTS-{plan.qwen_shape} "
@@ -155,10 +174,15 @@ def qwen_config(ctx: Context, plan: Plan, model_dir: Path, sessions: int) -> Lyr
     """Qwen3-TTS's service: its checkpoint's own codec, bfloat16 on a GPU (the family's default)."""
     return load_config(None, {
         "model.path": str(model_dir), "codec.path": None, "model.backend": "torch", "model.device": ctx.kit.device,
-        "codec.device": ctx.kit.device, "kv_cache.max_seq_len": plan.max_seq_len,
+        "codec.device": ctx.kit.device, "kv_cache.max_seq_len": plan.qwen_max_seq_len,
+        "scheduler.max_prefill_tokens": plan.prefill_tokens,
         "engine.cuda_graphs": plan.cuda_graphs, "scheduler.max_concurrent_sessions": sessions,
         "scheduler.max_batch_size": sessions, "scheduler.max_pending": 4 * sessions,
         "sampling.max_tokens": plan.qwen_frames, "data_dir": str(ctx.work / "perf-data-qwen")})
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _free() -> None:
@@ -222,6 +246,8 @@ def table(result: PerfResult) -> list[str]:
               f"{lv['vs_reference']:.2f} | {lv['tokens_per_s']:.0f} |" for lv in result.engine.get("engine", [])]
     lines += _streams_table(f"Orpheus-{plan['shape']} streams through the service ({plan['stream_tokens']} tokens, "
                             f"{plan['stream_tokens'] / 82.03:.1f} s of audio each)", result.streams, result.poisson)
+    if "error" in result.qwen:
+        lines += ["", f"Qwen3-TTS-{plan.get('qwen_shape')} streams: not measured ({result.qwen['error']})"]
     lines += _streams_table(f"Qwen3-TTS-{plan.get('qwen_shape')} streams through the service, bfloat16 "
                             f"({plan.get('qwen_frames')} frames, {(plan.get('qwen_frames') or 0) * 0.08:.1f} s of audio "
                             "each)", result.qwen.get("streams", []), result.qwen.get("poisson", {}))

@@ -83,6 +83,20 @@ def test_whole_prompts_prefill_on_the_device_beside_chunked_ones(demo_dir):
         assert torch.allclose(device[rid][0].logits, host[rid][0].logits, atol=1e-4), rid
 
 
+def test_a_prompt_that_fits_a_step_waits_for_the_next_one_rather_than_being_split(demo_dir, monkeypatch):
+    """Prompts arriving together fill a step's budget whole; one that no longer fits is prefilled whole
+    in the next step by the prefill graph, not a piece of it now by the host's forward."""
+    engine = make_engine(demo_dir / "llama", slots=4, max_batch_size=4, max_prefill_tokens=32, static_decode=True)
+    host_forwards = []
+    forward = engine._forward
+    monkeypatch.setattr(engine, "_forward", lambda batch: host_forwards.append(batch) or forward(batch))
+    prompts = [[orpheus.START_OF_HUMAN, *range(400 + 10 * i, 407 + 10 * i), *orpheus.PROMPT_SUFFIX] for i in range(3)]
+    out = drive(engine, {0: [GenerationRequest(f"p{i}", p, SamplingParams(max_tokens=8, seed=i))
+                             for i, p in enumerate(prompts)]})
+    assert len(prompts[0]) == 12 and all(len(tokens_of(out[f"p{i}"])) == 8 for i in range(3))
+    assert host_forwards == [] and engine.on_device.prefill.steps == 2  # (12 + 12 whole, then the third)
+
+
 def test_a_prefix_that_cannot_be_kept_changes_no_ones_tokens(demo_dir, monkeypatch, caplog):
     """A cloned voice's prefix whose copy fails (the device out of memory) is not kept, and said so; it
     fails nobody: the requests decoding ahead beside it, and it, make the tokens they make without the

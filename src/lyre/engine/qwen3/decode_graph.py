@@ -17,6 +17,7 @@ import torch
 from lyre.engine.torch.cuda_graphs import Graph, GraphPool, capture
 from lyre.engine.torch.llama import KVCache, Llama
 from lyre.engine.torch.static import fit, length_buckets, slot_buckets, static_forward
+from lyre.engine.torch.transfer import upload
 
 log = logging.getLogger("lyre.engine")
 
@@ -49,7 +50,7 @@ class StaticDecode:
         r, length = self.key(slots, positions)
         self.steps, self.gap_rows = self.steps + 1, self.gap_rows + r - len(slots)
         device = rows.device
-        index = torch.tensor(slots, device=device)
+        index = upload(slots, device)
         x = torch.zeros(r, rows.shape[1], dtype=rows.dtype, device=device)
         x[index] = rows
         host = torch.zeros(2, r, dtype=torch.long)

@@ -27,6 +27,7 @@ from lyre.engine.torch.llama import (
     load_llama,
     rope_tables,
 )
+from lyre.engine.torch.transfer import upload
 from lyre.model.checkpoint.llama import LlamaConfig
 from lyre.model.layers import RMSNorm
 from lyre.model.qwen3tts import CODE_GROUPS, Qwen3TTSConfig, TalkerPrompt
@@ -59,11 +60,11 @@ class Talker(nn.Module):
             where = [i for i, row in enumerate(prompt.rows)
                      if (row[track] == kind if isinstance(kind, str) else isinstance(row[track], kind))]
             if where:
-                rows[torch.tensor(where, device=device)] += embed([prompt.rows[i][track] for i in where])
+                rows[upload(where, device)] += embed([prompt.rows[i][track] for i in where])
 
-        add(int, 0, lambda ids: self.text_rows(torch.tensor(ids, device=device)))
-        add(int, 1, lambda ids: self.decoder.embed(torch.tensor(ids, device=device)))
-        add(tuple, 1, lambda frames: self.frame_rows(torch.tensor(frames, device=device)))  # (n, 16) -> (n, H)
+        add(int, 0, lambda ids: self.text_rows(upload(ids, device)))
+        add(int, 1, lambda ids: self.decoder.embed(upload(ids, device)))
+        add(tuple, 1, lambda frames: self.frame_rows(upload(frames, device)))  # (n, 16) -> (n, H)
         if prompt.speaker is not None:
             add(XVECTOR, 1, lambda xs: torch.from_numpy(prompt.speaker).to(device, dtype).expand(len(xs), -1))
         return rows

@@ -75,9 +75,10 @@ class FrameSampler:
         c0 = self._codebook0(logits, slots, made, min_frames, floats, top_k, draws)  # (N,)
         codes = self.predict(seqs, hidden, c0)  # (N, 16)
         frame_rows = self.model.frame_rows(codes)  # (N, H)
-        # (recorded last: a step that failed before here and runs again records its codes once)
+        host = to_host(codes)
+        # (recorded after the read-back, the last thing that can fail: a step run again records its codes once)
         self.window.record(slots, torch.ones_like(c0, dtype=torch.bool), made, c0)
-        frames = [None if row[0] == self.eos else Frame(row, frame_rows[i]) for i, row in enumerate(to_host(codes))]
+        frames = [None if row[0] == self.eos else Frame(row, frame_rows[i]) for i, row in enumerate(host)]
         return frames, recorded, ids
 
     def _codebook0(self, logits: torch.Tensor, slots: torch.Tensor, made: torch.Tensor, min_frames: torch.Tensor,

@@ -326,7 +326,10 @@ class TorchEngine:
         for seq in waiting_prompts:
             if budget <= 0:
                 break
-            n = min(budget, seq.prompt_len - seq.num_cached)
+            left = seq.prompt_len - seq.num_cached
+            if self.on_device is not None and seq.num_cached == 0 and budget < left <= self.cfg.max_prefill_tokens:
+                break  # (whole in the next step, by the prefill graph, rather than a piece of it on the host now)
+            n = min(budget, left)
             prefill.append((seq, n))
             budget -= n
         return decode, prefill
