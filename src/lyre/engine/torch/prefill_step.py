@@ -53,8 +53,7 @@ def prefill_rows(model: Llama, cache: KVCache, inputs: torch.Tensor) -> torch.Te
         for i, layer in enumerate(model.layers):
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)  # (T, nh, hd), (T, nkv, hd) x2
-            cache.k[i][slots, :, at] = k.to(cache.k.dtype)
-            cache.v[i][slots, :, at] = v.to(cache.v.dtype)
+            cache.write(i, slots, at, k, v)
             group = attn.n_heads // attn.n_kv
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)  # (T, nh, hd)
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None].to(q.dtype),

@@ -73,8 +73,7 @@ def static_forward(llama: Llama, cache: KVCache, x: torch.Tensor, positions: tor
         for i, layer in enumerate(llama.layers):
             attn = layer.self_attn
             q, k, v = attn.qkv(layer.input_layernorm(x), cos, sin)  # (R, nh, hd), (R, nkv, hd) x2
-            cache.k[i][slots, :, at] = k.to(cache.k.dtype)
-            cache.v[i][slots, :, at] = v.to(cache.v.dtype)
+            cache.write(i, slots, at, k, v)
             # a KV head's query heads are its query rows: (R, nkv, G, hd) against (R, nkv, L, hd), K/V read in place
             qg = q.view(r, attn.n_kv, attn.n_heads // attn.n_kv, attn.head_dim)
             out = F.scaled_dot_product_attention(qg, cache.k[i][:r, :, :length], cache.v[i][:r, :, :length],
