@@ -53,8 +53,7 @@ class FrameSampler:
 
     def admit(self, seq: FrameSequence) -> None:
         """A request into its slot: an empty penalty window of its size."""
-        self.window.window[seq.slot] = seq.params.repetition_window
-        self.window.counts[seq.slot].zero_()
+        self.window.clear(seq.slot, seq.params.repetition_window)
 
     def sample(self, seqs: list[FrameSequence], hidden: torch.Tensor
                ) -> tuple[list[Frame | None], list[torch.Tensor | None], list[torch.Tensor | None]]:

@@ -7,7 +7,7 @@ A step's inputs are six numbers per row (valid, input token, position, frame slo
 its uniform draw) laid out by slot on the host, in pinned memory on a GPU, and copied to the device in one transfer;
 its outputs, the sampled ids of every row of the bucket and the logits they were drawn from, stay
 on the device until the engine reads the whole step's ids back, once. Nothing in a decode step
-depends on Python per sequence beyond filling those five numbers.
+depends on Python per sequence beyond filling those six numbers.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from lyre.engine.torch.row_sampling import draw_bits
 from lyre.engine.torch.sequence import Sequence
 from lyre.engine.torch.slot_sampling import SlotSampling
 from lyre.engine.torch.static import fit, length_buckets, slot_buckets, static_forward
-from lyre.engine.torch.transfer import upload
+from lyre.engine.torch.transfer import Staging, upload
 from lyre.model import orpheus
 
 log = logging.getLogger("lyre.engine")
@@ -81,10 +81,8 @@ class AudioStep:
 
     def __init__(self, model: Llama, cache: KVCache, sampling: SlotSampling, graphs: bool = False):
         self.model, self.cache, self.sampling, self.graphs = model, cache, sampling, graphs
-        device = cache.k.device
-        self.inputs = torch.zeros(FIELDS, cache.slots, dtype=torch.long, device=device)  # graphs read its [:, :R]
-        self.host = torch.zeros(FIELDS, cache.slots, dtype=torch.long, pin_memory=device.type == "cuda")
-        self._copied: torch.cuda.Event | None = None  # the last copy out of ``host`` (a GPU's copy is asynchronous)
+        self.staging = Staging(FIELDS, cache.slots, cache.k.device)  # graphs read its inputs[:, :R]
+        self.inputs = self.staging.inputs
         self._pool = GraphPool()
         self._captured: dict[tuple[int, int], Graph] = {}
         self.steps = self.gap_rows = 0  # decode steps run, and rows run for slots that did not decode
@@ -107,9 +105,7 @@ class AudioStep:
         ``next_input``); their positions are not advanced here."""
         r, length = self.key(seqs)
         self.steps, self.gap_rows = self.steps + 1, self.gap_rows + r - len(seqs)
-        if self._copied is not None:
-            self._copied.synchronize()  # (the last step's copy has left the pinned buffer: it was read back since)
-        host = self.host.numpy()  # (6, slots): the pinned buffer itself
+        host = self.staging.host()  # (6, slots)
         host[:] = 0
         columns = np.array([(s.slot, s.next_input, s.num_cached, s.audio_k, s.num_generated, s.seed) for s in seqs],
                            dtype=np.int64).T  # (6, N)
@@ -118,10 +114,7 @@ class AudioStep:
         host[TOKEN, slots], host[POSITION, slots] = columns[1], columns[2]
         host[FRAME, slots], host[GENERATED, slots] = columns[3] % orpheus.FRAME_TOKENS, columns[4]
         host[DRAW, slots] = draw_bits(columns[5], columns[4])
-        self.inputs.copy_(self.host, non_blocking=True)
-        if self.inputs.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self.staging.send()
         graph = self._captured.get((r, length))
         if graph is not None:
             ids, logits = graph.replay()
@@ -137,7 +130,7 @@ class AudioStep:
                            dtype=np.int64).T  # (4, N)
         host = np.concatenate([columns[:3], draw_bits(columns[3], columns[2])[None]])
         slots, frame, generated, draws = upload(torch.from_numpy(host), hidden.device)
-        self.sampling.counts[slots] = 0  # (its first token: a retried step counts it once)
+        self.sampling.clear(slots)  # (its first token: a retried step counts it once)
         valid = torch.ones(len(seqs), dtype=torch.bool, device=hidden.device)
         ids, logits = self.sampling.sample(self.model, hidden, slots, valid, frame, generated, draws)
         return AudioPending(seqs, list(range(len(seqs))), ids, logits)

@@ -28,6 +28,7 @@ from lyre.engine.torch.row_sampling import draw_bits
 from lyre.engine.torch.sequence import Sequence
 from lyre.engine.torch.slot_sampling import SlotSampling
 from lyre.engine.torch.static import additive, bucket, buckets
+from lyre.engine.torch.transfer import Staging
 
 log = logging.getLogger("lyre.engine")
 
@@ -72,7 +73,7 @@ def prefill_and_sample(model: Llama, cache: KVCache, sampling: SlotSampling, inp
     hidden = prefill_rows(model, cache, inputs)  # (T, H)
     last = hidden[prompts[P_LAST]]  # (P, H)
     valid, slots = prompts[P_SAMPLED] > 0, prompts[P_SLOT]
-    sampling.counts.index_fill_(0, slots, 0)  # (a first token: a retried step counts it once)
+    sampling.clear(slots)  # (a first token: a retried step counts it once)
     start = torch.zeros_like(slots)
     ids, logits = sampling.sample(model, last, slots, valid, start, start, prompts[P_DRAW])
     return last, ids, logits
@@ -86,11 +87,9 @@ class PrefillStep:
     def __init__(self, model: Llama, cache: KVCache, sampling: SlotSampling, max_tokens: int, graphs: bool = False):
         self.model, self.cache, self.sampling, self.graphs = model, cache, sampling, graphs
         self.max_tokens = max(MIN_TOKENS, max_tokens)
-        device = cache.k.device
         # tokens (4, T) in rows 0-3, prompts (4, P) in rows 4-7; each graph reads its T and P columns
-        self.inputs = torch.zeros(8, self.max_tokens, dtype=torch.long, device=device)
-        self.host = torch.zeros(8, self.max_tokens, dtype=torch.long, pin_memory=device.type == "cuda")
-        self._copied: torch.cuda.Event | None = None
+        self.staging = Staging(8, self.max_tokens, cache.k.device)
+        self.inputs = self.staging.inputs
         self._pool = GraphPool()
         self._captured: dict[int, Graph] = {}
         self.steps = self.padding = 0  # steps run, and padding rows run
@@ -125,9 +124,7 @@ class PrefillStep:
         assert self.fits(seqs) == len(seqs), f"{len(seqs)} prompts of {total} tokens in one prefill step"
         t = bucket(max(total, 4 * len(seqs)), MIN_TOKENS, self.max_tokens)
         self.steps, self.padding = self.steps + 1, self.padding + t - total
-        if self._copied is not None:
-            self._copied.synchronize()  # (the last copy has left the pinned buffer)
-        host = self.host.numpy()  # (8, max_tokens): the pinned buffer itself
+        host = self.staging.host()  # (8, max_tokens)
         host[:4] = 0
         host[PROMPT] = -1
         host[4:] = 0
@@ -141,10 +138,7 @@ class PrefillStep:
             host[SLOT, at : at + n], host[PROMPT, at : at + n] = s.slot, i
             at += n
             host[4 + P_SAMPLED, i], host[4 + P_SLOT, i], host[4 + P_LAST, i] = s.on_device, s.slot, at - 1
-        self.inputs.copy_(self.host, non_blocking=True)
-        if self.inputs.is_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+        self.staging.send()
         graph = self._captured.get(t)
         if graph is not None:
             last, ids, logits = graph.replay()

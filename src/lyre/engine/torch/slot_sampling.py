@@ -59,7 +59,7 @@ class SlotSampling(WindowCounts):
             t[slot] = floats[i]
         for i, t in enumerate((self.top_k, self.window, self.min_tokens)):
             t[slot] = ints[i]
-        self.counts[slot].zero_()
+        self.clear(slot)
 
     def sample(self, model: Llama, hidden: torch.Tensor, slots: torch.Tensor | int, valid: torch.Tensor,
                frame: torch.Tensor, generated: torch.Tensor, draws: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

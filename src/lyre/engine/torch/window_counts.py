@@ -25,6 +25,15 @@ class WindowCounts:
         """``t``'s rows of ``slots``: the first R as a view for an int R, else gathered."""
         return t[:slots] if isinstance(slots, int) else t[slots]
 
+    def clear(self, slots: torch.Tensor | int, window: int | None = None) -> None:
+        """Empty the windows of ``slots`` (a slot's index or a tensor of them), and set a slot's size."""
+        if isinstance(slots, int):
+            self.counts[slots].zero_()
+            if window is not None:
+                self.window[slots] = window
+        else:
+            self.counts.index_fill_(0, slots, 0)
+
     def seen(self, slots: torch.Tensor | int, bins: torch.Tensor | None = None) -> torch.Tensor:
         """(R, C) whether each of ``bins`` (R, C; None: every bin) is in its row's window."""
         counts = self.rows(self.counts, slots)
